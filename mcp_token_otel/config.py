@@ -1,0 +1,252 @@
+"""Configuration: one YAML file plus ``MCP_TOKEN_OTEL_*`` environment overrides.
+
+The schema is the dataclasses below; every key has a default, so an empty file (or none) is valid.
+Environment variables name a key path in upper case joined by ``_``: ``budget.context_window`` is
+``MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW``; values are parsed as YAML scalars. ``MCP_TOKEN_OTEL_CONFIG``
+names the file. Unknown keys, wrong types and inconsistent values raise ``ConfigError`` naming the key
+and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .budget import (
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_EXHAUSTION_RATIO,
+    DEFAULT_WARNING_RATIO,
+    validate_budget,
+)
+from .estimators import ESTIMATOR_NAMES, get_estimator
+from .measure import Policy
+from .risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThresholds
+
+ENV_PREFIX = "MCP_TOKEN_OTEL_"
+ENV_CONFIG_FILE = "MCP_TOKEN_OTEL_CONFIG"
+# Variables with the prefix that are not configuration keys.
+_ENV_NOT_KEYS = frozenset({ENV_CONFIG_FILE, "MCP_TOKEN_OTEL_VENV"})
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type or inconsistent; the message names the key."""
+
+
+def _check(expect: str, ok: Callable[[Any], bool]) -> dict[str, Any]:
+    """Field metadata: a predicate on the (type-checked) value and the words for what is expected."""
+    return {"expect": expect, "ok": ok}
+
+
+_POSITIVE_INT = _check("a positive integer", lambda v: v > 0)
+_POSITIVE = _check("a positive number", lambda v: v > 0)
+_RATIO = _check("a number in (0, 1]", lambda v: 0 < v <= 1)
+
+
+@dataclass(frozen=True)
+class RiskConfig:
+    thresholds: RiskThresholds = DEFAULT_THRESHOLDS
+    max_overhead_ratio: float = field(default=DEFAULT_MAX_OVERHEAD_RATIO, metadata=_RATIO)
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    context_window: int = field(default=DEFAULT_CONTEXT_WINDOW, metadata=_POSITIVE_INT)
+    warning_ratio: float = field(default=DEFAULT_WARNING_RATIO, metadata=_RATIO)
+    exhaustion_ratio: float = field(default=DEFAULT_EXHAUSTION_RATIO, metadata=_RATIO)
+    max_sessions: int = field(default=10_000, metadata=_POSITIVE_INT)
+    idle_timeout_seconds: float = field(default=3600.0, metadata=_POSITIVE)
+
+    def __post_init__(self) -> None:
+        validate_budget(self.context_window, self.warning_ratio, self.exhaustion_ratio)
+
+
+@dataclass(frozen=True)
+class SpansConfig:
+    #: Opt-in: put tool arguments and results on spans (gen_ai.tool.call.arguments / .result).
+    capture_content: bool = False
+    #: Captured content is truncated to this many characters.
+    max_content_chars: int = field(default=2048, metadata=_POSITIVE_INT)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    #: Distinct tool names kept as metric labels; later names share the overflow value.
+    max_tool_names: int = field(default=100, metadata=_POSITIVE_INT)
+    overflow_tool_name: str = field(default="_other", metadata=_check("a non-empty string", bool))
+
+
+@dataclass(frozen=True)
+class OtelConfig:
+    #: When true, instrument() builds OTLP exporters from the standard OTEL_* variables (configure_otel),
+    #: unless the application already set its own tracer/meter providers.
+    configure: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    estimator: str = field(
+        default="default",
+        metadata=_check("one of " + ", ".join(ESTIMATOR_NAMES), lambda v: v in ESTIMATOR_NAMES),
+    )
+    risk: RiskConfig = field(default_factory=RiskConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    spans: SpansConfig = field(default_factory=SpansConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _expect_type(path: str, value: Any, hint: Any) -> Any:
+    """Check a leaf value against its annotation; ints are accepted where floats are expected."""
+    if hint is bool:
+        ok = isinstance(value, bool)
+        words = "true or false"
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        words = "an integer"
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        words = "a number"
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+        words = "a string"
+    else:
+        raise TypeError(f"unsupported config annotation {hint!r} at {path}")
+    if not ok:
+        raise ConfigError(f"config key '{path}': expected {words}, got {value!r} ({_type_name(value)})")
+    return value
+
+
+def _unknown_key(path: str, key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    where = f"'{path}'" if path else "the top level"
+    return ConfigError(
+        f"unknown config key '{path + '.' if path else ''}{key}'{hint}; known keys in {where}: "
+        + ", ".join(known)
+    )
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and value."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key '{path or '<root>'}': expected a mapping, got {_type_name(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key(path, str(key), list(fields))
+        key_path = f"{path}.{key}" if path else key
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, {} if value is None else value, key_path)
+            continue
+        value = _expect_type(key_path, value, hint)
+        meta = fields[key].metadata
+        if meta and not meta["ok"](value):
+            raise ConfigError(f"config key '{key_path}': expected {meta['expect']}, got {value!r}")
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # cross-field checks name their keys already
+        raise ConfigError(f"config key {exc}") from None
+
+
+def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """Every environment variable name and the key path it sets."""
+    out: dict[str, tuple[str, ...]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key_path = (*path, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(env_keys(hints[f.name], key_path))
+        else:
+            out[ENV_PREFIX + "_".join(key_path).upper()] = key_path
+    return out
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    known = env_keys()
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX) or name in _ENV_NOT_KEYS:
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown environment variable {name}{hint}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        *parents, leaf = known[name]
+        node = data
+        for part in parents:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        # A string-typed key keeps the raw text (e.g. an estimator name that YAML would not alter anyway).
+        node[leaf] = raw if isinstance(value, str) or value is None else value
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load the YAML file (``path``, else ``$MCP_TOKEN_OTEL_CONFIG``, else none) and apply env overrides."""
+    env = os.environ if env is None else env
+    path = path if path is not None else env.get(ENV_CONFIG_FILE) or None
+    data: Any = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"config file {str(path)!r}: expected a mapping at the top level, got {_type_name(data)}"
+            )
+    _apply_env(data, env)
+    return config_from_dict(data)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> Config:
+    """Build and validate a Config from plain data (as parsed from YAML)."""
+    return _build(Config, dict(data), "")
+
+
+def config_as_dict(config: Config) -> dict[str, Any]:
+    """The configuration as plain data, suitable for YAML."""
+    return dataclasses.asdict(config)
+
+
+def build_policy(config: Config) -> Policy:
+    """The measuring policy a configuration describes (loads the estimator it names)."""
+    return Policy(
+        estimator=get_estimator(config.estimator),
+        estimator_name=config.estimator,
+        thresholds=config.risk.thresholds,
+        max_overhead_ratio=config.risk.max_overhead_ratio,
+    )

@@ -1,0 +1,411 @@
+"""Measure MCP messages (wire dicts, camelCase) in tokens: data versus overhead, risk tier, advisories.
+
+Pure and SDK-independent: adapters hand in the JSON-RPC ``method``, ``params`` and ``result`` dicts.
+
+Input side (what the model wrote to make the call):
+    ``tools/call`` counts the tool name and arguments; ``resources/read`` the uri; ``prompts/get`` the name
+    and arguments; any other method its params without ``_meta``. The input side has no overhead.
+
+Output side (what enters the context), block by block. The overhead rule:
+    * **data** is what the tool returns for the model to use: a text block's ``text``, an image or audio
+      block's base64 ``data``, an embedded resource's ``text``/``blob``, a resource link's uri, name, title
+      and description, a tool/prompt/resource definition's descriptive fields (``tools/list`` counts name,
+      description, inputSchema and outputSchema: schemas cost context too), a prompt message's content,
+      a JSON-RPC error's code, message and data, and a whole result that is none of these (primitives);
+    * **overhead** is everything else that still enters the context: each block's framing (``type``,
+      ``mimeType``), ``annotations`` and ``_meta`` (per block and per result), a ``structuredContent`` that
+      duplicates a text block (the same JSON, or ``{"result": text}`` as MCPServer emits), and the remaining
+      result fields (``isError``, ``nextCursor``...) when the result carries a recognised payload;
+    * ``overhead_ratio = overhead_tokens / total_tokens``, in [0, 1] (0 for an empty message).
+
+Binary blocks are counted as their base64 text: that is what a client that cannot pass media natively
+inserts, and the upper bound for one that can. Nothing here raises: odd input yields an estimate with a
+``reason``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .estimation import estimate_tokens
+from .payload import ZERO, Estimator, Size, size_text, size_value
+from .risk import (
+    DEFAULT_MAX_OVERHEAD_RATIO,
+    DEFAULT_THRESHOLDS,
+    RiskThresholds,
+    RiskTier,
+    classify_risk,
+    overhead_advisory,
+    risk_advisory,
+)
+
+Direction = Literal["input", "output"]
+
+#: Text blocks larger than this are not parsed when looking for a duplicated structuredContent.
+_MAX_DUPLICATE_CHECK_CHARS = 4 << 20
+#: List results whose items are definitions, and the fields of an item that are data.
+_LIST_DATA_FIELDS: dict[str, tuple[str, ...]] = {
+    "tools": ("name", "description", "inputSchema", "outputSchema"),
+    "prompts": ("name", "description", "arguments"),
+    "resources": ("uri", "name", "description"),
+    "resourceTemplates": ("uriTemplate", "name", "description"),
+}
+_RESULT_PAYLOAD_KEYS = frozenset({"content", "structuredContent", "contents", "messages", *_LIST_DATA_FIELDS})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """How messages are measured and judged: the estimator, tier thresholds, overhead limit."""
+
+    estimator: Estimator = estimate_tokens
+    estimator_name: str = "default"
+    thresholds: RiskThresholds = DEFAULT_THRESHOLDS
+    max_overhead_ratio: float = DEFAULT_MAX_OVERHEAD_RATIO
+
+
+DEFAULT_POLICY = Policy()
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One part of a message: its type, total tokens (data + overhead), UTF-8 bytes and overhead share."""
+
+    type: str
+    tokens: int
+    bytes: int
+    overhead_tokens: int = 0
+
+    @property
+    def data_tokens(self) -> int:
+        return self.tokens - self.overhead_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """Token economics of one message."""
+
+    direction: Direction
+    method: str
+    tool_name: str | None
+    blocks: tuple[Block, ...]
+    total_tokens: int
+    data_tokens: int
+    overhead_tokens: int
+    overhead_ratio: float
+    risk_tier: RiskTier
+    advisories: tuple[str, ...] = ()
+    error_type: str | None = None
+    reason: str | None = None
+    bytes: int = field(default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["blocks"] = [{**asdict(b), "data_tokens": b.data_tokens} for b in self.blocks]
+        out["advisories"] = list(self.advisories)
+        return out
+
+
+class _Builder:
+    """Accumulates blocks and the reasons for partial answers."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.blocks: list[Block] = []
+        self.reasons: list[str] = []
+
+    def text(self, text: Any) -> Size:
+        return size_text(text, self.policy.estimator) if isinstance(text, str) else self.value(text)
+
+    def value(self, value: Any) -> Size:
+        if value is None:
+            return ZERO
+        size = size_value(value, self.policy.estimator)
+        if size.reason:
+            self.reasons.append(size.reason)
+        return size
+
+    def add(self, type_: str, data: Size = ZERO, overhead: Size = ZERO) -> None:
+        self.blocks.append(
+            Block(type_, data.tokens + overhead.tokens, data.bytes + overhead.bytes, overhead.tokens)
+        )
+
+    def split(self, type_: str, obj: Mapping[str, Any], data_keys: tuple[str, ...]) -> None:
+        """Add ``obj`` as one block whose ``data_keys`` are data and every other field overhead."""
+        if len(data_keys) == 1:
+            data = self.text(obj.get(data_keys[0]))
+        else:
+            data = self.value({k: obj[k] for k in data_keys if k in obj})
+        rest = {k: v for k, v in obj.items() if k not in data_keys}
+        self.add(type_, data, self.value(rest) if rest else ZERO)
+
+    def finish(
+        self,
+        direction: Direction,
+        method: str,
+        tool_name: str | None,
+        error_type: str | None = None,
+    ) -> Measurement:
+        total = sum(b.tokens for b in self.blocks)
+        overhead = sum(b.overhead_tokens for b in self.blocks)
+        ratio = overhead / total if total else 0.0
+        tier = classify_risk(total, self.policy.thresholds)
+        advisories: list[str] = []
+        if direction == "output":
+            subject = f"Tool '{tool_name}'" if tool_name else f"'{method}'"
+            for advice in (
+                risk_advisory(tier, total, subject),
+                overhead_advisory(overhead, ratio, self.policy.max_overhead_ratio),
+            ):
+                if advice:
+                    advisories.append(advice)
+        return Measurement(
+            direction=direction,
+            method=method,
+            tool_name=tool_name,
+            blocks=tuple(self.blocks),
+            total_tokens=total,
+            data_tokens=total - overhead,
+            overhead_tokens=overhead,
+            overhead_ratio=ratio,
+            risk_tier=tier,
+            advisories=tuple(advisories),
+            error_type=error_type,
+            reason="; ".join(dict.fromkeys(self.reasons)) or None,
+            bytes=sum(b.bytes for b in self.blocks),
+        )
+
+
+def _as_mapping(value: Any) -> Mapping[str, Any] | None:
+    if isinstance(value, Mapping):
+        return value
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        try:
+            dumped = dump(mode="json", by_alias=True, exclude_none=True)
+        except Exception:
+            return None
+        return dumped if isinstance(dumped, Mapping) else None
+    return None
+
+
+def _name(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def measure_request(method: str, params: Any, policy: Policy | None = None) -> Measurement:
+    """Input-side tokens of a request or notification (see the module docstring for what counts)."""
+    b = _Builder(policy or DEFAULT_POLICY)
+    p = _as_mapping(params)
+    tool_name = None
+    if p is None:
+        if params is not None:
+            b.reasons.append(f"params is a {type(params).__name__}, not an object")
+            b.add("params", b.value(params))
+    elif method == "tools/call":
+        tool_name = _name(p.get("name"))
+        b.add("tool_name", b.text(p.get("name")))
+        b.add("arguments", b.value(p.get("arguments")))
+    elif method == "resources/read":
+        b.add("uri", b.text(p.get("uri")))
+    elif method == "prompts/get":
+        b.add("prompt_name", b.text(p.get("name")))
+        b.add("arguments", b.value(p.get("arguments")))
+    else:
+        rest = {k: v for k, v in p.items() if k != "_meta"}
+        if rest:
+            b.add("params", b.value(rest))
+    return b.finish("input", method, tool_name)
+
+
+def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> None:
+    blk = _as_mapping(block)
+    if blk is None:
+        b.add(type_prefix + "unknown", b.value(block))
+        return
+    kind = blk.get("type")
+    label = type_prefix + (kind if isinstance(kind, str) else "unknown")
+    if kind == "text":
+        b.split(label, blk, ("text",))
+    elif kind in ("image", "audio"):
+        b.split(label, blk, ("data",))
+    elif kind == "resource_link":
+        b.split(label, blk, ("uri", "name", "title", "description"))
+    elif kind == "resource":
+        _embedded_resource(b, blk, label)
+    else:
+        b.add(label, b.value(blk))
+
+
+def _embedded_resource(b: _Builder, blk: Mapping[str, Any], label: str) -> None:
+    resource = _as_mapping(blk.get("resource")) or {}
+    key = "text" if "text" in resource else "blob"
+    data = b.text(resource.get(key))
+    rest = {k: v for k, v in blk.items() if k != "resource"}
+    rest["resource"] = {k: v for k, v in resource.items() if k != key}
+    b.add(label, data, b.value(rest))
+
+
+def _parsed_json(text: str) -> Any:
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "{[" or len(stripped) > _MAX_DUPLICATE_CHECK_CHARS:
+        return _NOT_JSON
+    try:
+        return json.loads(stripped)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def _duplicates_text(structured: Any, texts: list[str]) -> bool:
+    """True when structuredContent repeats a text block: the same JSON, or MCPServer's {"result": text}."""
+    wrapped = structured.get("result", _NOT_JSON) if isinstance(structured, Mapping) else _NOT_JSON
+    if isinstance(structured, Mapping) and len(structured) != 1:
+        wrapped = _NOT_JSON
+    for text in texts:
+        if wrapped is not _NOT_JSON and wrapped == text:
+            return True
+        parsed = _parsed_json(text)
+        if parsed is _NOT_JSON:
+            continue
+        try:
+            if parsed == structured or (wrapped is not _NOT_JSON and parsed == wrapped):
+                return True
+        except RecursionError:
+            continue
+    return False
+
+
+def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
+    content = result.get("content")
+    texts: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            _content_block(b, block)
+            blk = _as_mapping(block)
+            if blk is not None and blk.get("type") == "text" and isinstance(blk.get("text"), str):
+                texts.append(blk["text"])
+    if "structuredContent" in result:
+        size = b.value(result["structuredContent"])
+        if _duplicates_text(result["structuredContent"], texts):
+            b.add("structuredContent", overhead=size)
+        else:
+            b.add("structuredContent", size)
+    contents = result.get("contents")
+    if isinstance(contents, list):  # resources/read
+        for item in contents:
+            res = _as_mapping(item) or {}
+            b.split("resource", res, ("text",) if "text" in res else ("blob",))
+    messages = result.get("messages")
+    if isinstance(messages, list):  # prompts/get
+        for message in messages:
+            msg = _as_mapping(message) or {}
+            _content_block(b, msg.get("content"), "message:")
+            rest = {k: v for k, v in msg.items() if k != "content"}
+            if rest:
+                b.add("message_framing", overhead=b.value(rest))
+    for key, data_fields in _LIST_DATA_FIELDS.items():
+        items = result.get(key)
+        if isinstance(items, list):
+            singular = key[:-1]
+            for item in items:
+                definition = _as_mapping(item)
+                if definition is None:
+                    b.add(singular, b.value(item))
+                else:
+                    b.split(singular, definition, data_fields)
+
+
+def measure_result(
+    method: str, result: Any, *, tool_name: str | None = None, policy: Policy | None = None
+) -> Measurement:
+    """Output-side tokens of a successful response (see the module docstring for the overhead rule)."""
+    b = _Builder(policy or DEFAULT_POLICY)
+    res = _as_mapping(result)
+    error_type = None
+    if res is None:
+        b.add("result", b.value(result))
+    else:
+        has_payload = not _RESULT_PAYLOAD_KEYS.isdisjoint(res)
+        if has_payload:
+            _measure_payload(b, res)
+        if "_meta" in res:
+            b.add("_meta", overhead=b.value(res["_meta"]))
+        rest = {k: v for k, v in res.items() if k != "_meta" and (k not in _RESULT_PAYLOAD_KEYS)}
+        if rest and has_payload:
+            b.add("framing", overhead=b.value(rest))
+        elif rest:
+            b.add("result", b.value(rest))
+        if res.get("isError") is True:
+            error_type = "tool_error"
+    return b.finish("output", method, tool_name, error_type)
+
+
+def measure_error(
+    method: str, error: Any, *, tool_name: str | None = None, policy: Policy | None = None
+) -> Measurement:
+    """Output-side tokens of a JSON-RPC error (code + message + data are what the model reads)."""
+    b = _Builder(policy or DEFAULT_POLICY)
+    err = _as_mapping(error)
+    if err is None:
+        err = {
+            "code": getattr(error, "code", None),
+            "message": getattr(error, "message", None) or (str(error) if error is not None else None),
+            "data": getattr(error, "data", None),
+        }
+    body = {k: err[k] for k in ("code", "message", "data") if err.get(k) is not None}
+    b.add("error", b.value(body))
+    code = err.get("code")
+    return b.finish("output", method, tool_name, str(code) if code is not None else "error")
+
+
+_RESULT_SHAPES: tuple[tuple[str, str], ...] = (
+    ("content", "tools/call"),
+    ("structuredContent", "tools/call"),
+    ("contents", "resources/read"),
+    ("messages", "prompts/get"),
+    ("tools", "tools/list"),
+    ("prompts", "prompts/list"),
+    ("resources", "resources/list"),
+    ("resourceTemplates", "resources/templates/list"),
+)
+
+
+def infer_method(result: Any) -> str:
+    """Best guess of the request method that produced ``result``, from its shape."""
+    res = _as_mapping(result)
+    if res is not None:
+        for key, method in _RESULT_SHAPES:
+            if key in res:
+                return method
+    return "unknown"
+
+
+def measure_message(
+    message: Any,
+    *,
+    request_method: str | None = None,
+    tool_name: str | None = None,
+    policy: Policy | None = None,
+) -> Measurement:
+    """Measure one JSON-RPC message: a request or notification (input) or a response (output)."""
+    msg = _as_mapping(message)
+    if msg is None:
+        return measure_result(request_method or "unknown", message, tool_name=tool_name, policy=policy)
+    method = msg.get("method")
+    if isinstance(method, str):
+        return measure_request(method, msg.get("params"), policy)
+    if "error" in msg:
+        return measure_error(request_method or "unknown", msg["error"], tool_name=tool_name, policy=policy)
+    if "result" in msg:
+        result = msg["result"]
+        return measure_result(
+            request_method or infer_method(result), result, tool_name=tool_name, policy=policy
+        )
+    # Not an envelope: treat the value itself as a result payload.
+    return measure_result(request_method or infer_method(msg), msg, tool_name=tool_name, policy=policy)
+

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcp_token_otel import RiskThresholds, build_policy, load_config
+from mcp_token_otel.config import Config, ConfigError, config_as_dict, config_from_dict, env_keys
+
+
+def test_defaults_without_file_or_env() -> None:
+    config = load_config(env={})
+    assert config == Config()
+    assert config.risk.thresholds == RiskThresholds(1000, 4000, 8000)
+    assert (config.budget.context_window, config.budget.warning_ratio, config.budget.exhaustion_ratio) == (
+        200_000, 0.75, 0.90)
+    assert config.risk.max_overhead_ratio == 0.3 and config.estimator == "default"
+
+
+def test_yaml_file_and_env_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("estimator: chars/4\nrisk:\n  thresholds: {low: 10, medium: 20, high: 30}\n"
+                    "budget:\n  context_window: 1000\n")
+    config = load_config(path, env={"MCP_TOKEN_OTEL_BUDGET_WARNING_RATIO": "0.5",
+                                    "MCP_TOKEN_OTEL_RISK_THRESHOLDS_HIGH": "40"})
+    assert config.estimator == "chars/4"
+    assert config.risk.thresholds == RiskThresholds(10, 20, 40)
+    assert config.budget.context_window == 1000 and config.budget.warning_ratio == 0.5
+    # the file can also come from the environment
+    assert load_config(env={"MCP_TOKEN_OTEL_CONFIG": str(path)}).budget.context_window == 1000
+    policy = build_policy(config)
+    assert policy.estimator("abcdefgh") == 2 and policy.thresholds.high == 40
+
+
+def test_every_key_has_an_env_variable() -> None:
+    keys = env_keys()
+    assert keys["MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW"] == ("budget", "context_window")
+    assert keys["MCP_TOKEN_OTEL_RISK_THRESHOLDS_LOW"] == ("risk", "thresholds", "low")
+    assert len(keys) == len(set(keys.values()))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [({"budgt": {}}, "unknown config key 'budgt' (did you mean 'budget'?)"),
+     ({"budget": {"context_windw": 5}}, "unknown config key 'budget.context_windw' (did you mean 'context_window'?)"),
+     ({"budget": {"context_window": "big"}}, "config key 'budget.context_window': expected an integer, got 'big'"),
+     ({"budget": {"context_window": True}}, "config key 'budget.context_window': expected an integer"),
+     ({"budget": {"context_window": -5}}, "config key 'budget.context_window': expected a positive integer"),
+     ({"budget": {"warning_ratio": 1.5}}, "config key 'budget.warning_ratio': expected a number in (0, 1]"),
+     ({"budget": {"warning_ratio": 0.95}}, "budget.warning_ratio: expected less than budget.exhaustion_ratio"),
+     ({"risk": {"thresholds": {"low": 5000}}}, "risk.thresholds: expected strictly increasing"),
+     ({"risk": {"thresholds": [1, 2, 3]}}, "config key 'risk.thresholds': expected a mapping"),
+     ({"risk": {"thresholds": {"low": "x"}}}, "config key 'risk.thresholds.low': expected an integer"),
+     ({"risk": {"max_overhead_ratio": 0}}, "config key 'risk.max_overhead_ratio': expected a number in (0, 1]"),
+     ({"estimator": "gpt"}, "config key 'estimator': expected one of default, chars/4"),
+     ({"risk": 3}, "config key 'risk': expected a mapping, got int")],
+)
+def test_bad_config_names_key_and_expectation(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert message in str(info.value)
+
+
+def test_bad_files_and_env(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "missing.yaml", env={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("budget: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(bad, env={})
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping at the top level"):
+        load_config(bad, env={})
+    with pytest.raises(ConfigError, match="unknown environment variable MCP_TOKEN_OTEL_BUDGET_WINDOW"):
+        load_config(env={"MCP_TOKEN_OTEL_BUDGET_WINDOW": "5"})
+    with pytest.raises(ConfigError, match="'budget.context_window': expected an integer, got 'lots'"):
+        load_config(env={"MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "lots"})
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty, env={}) == Config()
+
+
+def test_round_trip_through_plain_data() -> None:
+    config = config_from_dict({"budget": {"context_window": 5000}})
+    assert config_from_dict(config_as_dict(config)) == config

@@ -1,0 +1,82 @@
+"""Bad input gets an answer, never an exception: the walker behind every measurement."""
+
+from __future__ import annotations
+
+import math
+
+from mcp_token_otel.payload import MAX_NODES, size_text, size_value, utf8_len
+
+from .conftest import chars4
+
+
+def test_plain_json_matches_compact_serialisation() -> None:
+    value = {"a": [1, 2.5, True, None], "b": {"c": "d"}}
+    size = size_value(value, chars4)
+    compact = '{"a":[1,2.5,true,null],"b":{"c":"d"}}'
+    assert size.bytes == len(compact)
+    assert size.tokens == math.ceil(len(compact) / 4) and size.reason is None
+
+
+def test_long_strings_are_estimated_apart_and_not_copied() -> None:
+    big = "x" * 100_000_000
+    size = size_value({"text": big}, chars4)
+    assert size.tokens == 25_000_000 + math.ceil(len('{"text":""}') / 4)
+    assert size.bytes == 100_000_000 + len('{"text":""}')
+
+
+def test_circular_reference_is_skipped_with_a_reason() -> None:
+    a: dict = {"name": "loop"}
+    a["self"] = a
+    size = size_value(a, chars4)
+    assert size.tokens > 0 and size.reason == "circular reference skipped"
+
+
+def test_shared_reference_is_counted_twice_like_json() -> None:
+    shared = {"k": "v" * 10}
+    size = size_value([shared, shared], chars4)
+    assert size.reason is None
+    assert size.bytes == len('[{"k":"vvvvvvvvvv"},{"k":"vvvvvvvvvv"}]')
+
+
+def test_ten_thousand_deep_nesting() -> None:
+    root: list = []
+    cur = root
+    for _ in range(10_000):
+        nxt: list = []
+        cur.append(nxt)
+        cur = nxt
+    size = size_value(root, chars4)
+    assert size.bytes == 20_002 and size.reason is None
+
+
+def test_node_budget_gives_partial_answer() -> None:
+    size = size_value(list(range(MAX_NODES * 2)), chars4)
+    assert size.tokens > 0 and size.reason is not None and "stopped after" in size.reason
+
+
+def test_odd_types_keys_bytes_and_surrogates() -> None:
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    value = {1: "int key", (2, 3): "tuple key", None: b"\x00\xff" * 10, "s": "\ud800\udfff lone",
+             "obj": Unprintable(), Unprintable(): 1, "set": {1}}
+    size = size_value(value, chars4)
+    assert size.tokens > 0 and size.bytes > 0
+
+
+def test_pydantic_models_are_dumped_by_alias() -> None:
+    from pydantic import BaseModel, Field
+
+    class Res(BaseModel):
+        is_error: bool = Field(alias="isError")
+
+    assert size_value(Res(isError=True), chars4).bytes == len('{"isError":true}')
+
+
+def test_utf8_len_samples_huge_non_ascii_strings() -> None:
+    assert utf8_len("é" * 10) == 20
+    assert utf8_len("\ud800") == 3
+    huge = "日本" * 3_000_000
+    assert abs(utf8_len(huge) - 18_000_000) < 18_000
+    assert size_text("", chars4).tokens == 0

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import math
+
+from mcp_token_otel import aggregate_profiles, compute_static_profile, estimate_tokens, profile_tool_definition
+from mcp_token_otel.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, VALUE_TOKENS
+
+
+def base_of(fields: list[str]) -> int:
+    return 2 + sum(estimate_tokens(f'"{f}":') + VALUE_TOKENS for f in fields)
+
+
+def test_bounds_in_priority_order() -> None:
+    fields = ["path", "size", "mtime"]
+    base = base_of(fields)
+    egress = compute_static_profile("ls", fields, agent_limit=10, egress_max_bytes=7001)
+    assert egress.max_tokens == math.ceil(7001 / 3.5) and egress.bounded
+    limited = compute_static_profile("ls", fields, agent_limit=10)
+    assert limited.max_tokens == base * 10 + ENVELOPE_TOKENS and limited.bounded
+    unbounded = compute_static_profile("ls", fields)
+    assert unbounded.max_tokens == base * UNBOUNDED_ITEMS and not unbounded.bounded
+    assert unbounded.min_tokens == base
+
+
+def test_recommendation_rules() -> None:
+    p = compute_static_profile("search", ["results", "total"])
+    text = " ".join(p.recommendations)
+    assert "no result limit" in text and "collection fields without a limit (results)" in text
+    wide = compute_static_profile("dump", [f"field{i}" for i in range(16)], agent_limit=1000)
+    assert wide.risk == "critical"
+    assert any("up to" in r and "(critical)" in r for r in wide.recommendations)
+    assert any("16 fields per item" in r for r in wide.recommendations)
+    calm = compute_static_profile("get", ["id", "name"], agent_limit=1)
+    assert calm.risk == "low" and calm.recommendations == ()
+
+
+def test_aggregate_orders_critical_first() -> None:
+    low = compute_static_profile("get", ["id"], agent_limit=1)
+    high = compute_static_profile("page", ["title", "body"], egress_max_bytes=20_000)
+    crit = compute_static_profile("dump", ["a"], egress_max_bytes=100_000)
+    unb = compute_static_profile("walk", ["path"])
+    agg = aggregate_profiles([low, high, unb, crit])
+    assert agg.overall_risk == "critical"
+    assert agg.critical_tool_names == ("dump",) and agg.unbounded_tool_names == ("walk",)
+    assert agg.recommendations[0].startswith("Tool 'dump'")
+    assert agg.recommendations[1].startswith("Tool 'page'")
+    assert aggregate_profiles([]).overall_risk == "low"
+
+
+def test_profile_of_a_real_tool_definition() -> None:
+    tool = {
+        "name": "list_issues",
+        "description": "List issues in a repository.",
+        "inputSchema": {"type": "object", "properties": {"repo": {"type": "string"}}},
+        "outputSchema": {"type": "object", "properties": {
+            "issues": {"type": "array", "maxItems": 30, "items": {"type": "object", "properties": {
+                "number": {"type": "integer"}, "title": {"type": "string"}, "labels": {"type": "array"}}}},
+            "total": {"type": "integer"}}},
+    }
+    p = profile_tool_definition(tool)
+    assert p.bounded and p.field_count == 3
+    assert p.max_tokens == base_of(["number", "title", "labels"]) * 30 + ENVELOPE_TOKENS
+    assert p.definition_tokens > 20
+    del tool["outputSchema"]["properties"]["issues"]["maxItems"]
+    p = profile_tool_definition(tool)
+    assert not p.bounded and any("(issues)" in r for r in p.recommendations)
+    bare = profile_tool_definition({"name": "ping", "inputSchema": {}})
+    assert not bare.bounded and bare.field_count == 0
+    single = profile_tool_definition({"name": "now", "outputSchema": {"type": "object", "properties": {
+        "time": {"type": "string"}}}})
+    assert single.bounded and single.max_tokens == base_of(["time"]) + ENVELOPE_TOKENS
