@@ -8,7 +8,8 @@ A profile bounds a tool's response from what is known about it, in priority orde
 3. neither: the tool is unbounded and ``max_tokens = base_tokens * 100`` stands in for "very large".
 
 ``base_tokens`` is the estimated cost of one item: for each field its name plus a typical short value
-(``VALUE_TOKENS``), plus the item's braces. ``min_tokens`` is one item.
+(``VALUE_TOKENS``), plus the item's braces; an item with no known fields costs ``UNKNOWN_ITEM_TOKENS``.
+``min_tokens`` is one item.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .risk import RISK_TIERS, RiskThresholds, RiskTier, classify_risk
 
 #: Tokens assumed for one field's value when only its name is known.
 VALUE_TOKENS = 8
+#: Tokens assumed for one item whose fields are unknown (no field names, no outputSchema).
+UNKNOWN_ITEM_TOKENS = 50
 #: Envelope tokens around a bounded list of items.
 ENVELOPE_TOKENS = 50
 #: Stand-in item count for a tool with no limit at all.
@@ -85,7 +88,7 @@ def compute_static_profile(
 ) -> StaticProfile:
     """Profile a tool from the fields of one result item, its item limit and its egress cap."""
     names = [str(n) for n in field_names]
-    base = 2 + sum(estimate_tokens(f'"{n}":') + VALUE_TOKENS for n in names)
+    base = 2 + sum(estimate_tokens(f'"{n}":') + VALUE_TOKENS for n in names) if names else UNKNOWN_ITEM_TOKENS
     limit = agent_limit if agent_limit is not None and agent_limit > 0 else None
     egress = egress_max_bytes if egress_max_bytes is not None and egress_max_bytes > 0 else None
     if egress is not None:
@@ -113,6 +116,11 @@ def compute_static_profile(
         recommendations.append(
             f"Tool '{tool_name}' returns collection fields without a limit ({', '.join(collections)}): "
             "bound them (maxItems) or paginate."
+        )
+    if not names:
+        recommendations.append(
+            f"Tool '{tool_name}' declares no result fields (no outputSchema): its size cannot be bounded "
+            "statically; declare an outputSchema."
         )
     if len(names) > MAX_FIELDS:
         recommendations.append(

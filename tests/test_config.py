@@ -73,7 +73,7 @@ def test_bad_files_and_env(tmp_path: Path) -> None:
         load_config(bad, env={})
     with pytest.raises(ConfigError, match="unknown environment variable MCP_TOKEN_OTEL_BUDGET_WINDOW"):
         load_config(env={"MCP_TOKEN_OTEL_BUDGET_WINDOW": "5"})
-    with pytest.raises(ConfigError, match="'budget.context_window': expected an integer, got 'lots'"):
+    with pytest.raises(ConfigError, match=r"'budget\.context_window': expected an integer, got 'lots'"):
         load_config(env={"MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "lots"})
     empty = tmp_path / "empty.yaml"
     empty.write_text("")

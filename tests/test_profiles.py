@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 from mcp_token_otel import aggregate_profiles, compute_static_profile, estimate_tokens, profile_tool_definition
-from mcp_token_otel.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, VALUE_TOKENS
+from mcp_token_otel.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, UNKNOWN_ITEM_TOKENS, VALUE_TOKENS
 
 
 def base_of(fields: list[str]) -> int:
@@ -64,8 +64,10 @@ def test_profile_of_a_real_tool_definition() -> None:
     del tool["outputSchema"]["properties"]["issues"]["maxItems"]
     p = profile_tool_definition(tool)
     assert not p.bounded and any("(issues)" in r for r in p.recommendations)
-    bare = profile_tool_definition({"name": "ping", "inputSchema": {}})
+    bare = profile_tool_definition({"name": "export", "inputSchema": {}})
     assert not bare.bounded and bare.field_count == 0
+    assert bare.max_tokens == UNKNOWN_ITEM_TOKENS * UNBOUNDED_ITEMS and bare.risk == "high"
+    assert any("no outputSchema" in r for r in bare.recommendations)
     single = profile_tool_definition({"name": "now", "outputSchema": {"type": "object", "properties": {
         "time": {"type": "string"}}}})
     assert single.bounded and single.max_tokens == base_of(["time"]) + ENVELOPE_TOKENS
