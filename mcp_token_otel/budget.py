@@ -115,6 +115,8 @@ class SessionRegistry:
         self._clock = clock
         self._on_end = on_end
         self._sessions: OrderedDict[str, SessionBudget] = OrderedDict()
+        # Live sessions per state, kept up to date so states() is O(1) (it is read on every scrape).
+        self._counts: dict[BudgetState, int] = dict.fromkeys(BUDGET_STATES, 0)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -133,13 +135,19 @@ class SessionRegistry:
         if budget is None:
             budget = SessionBudget(*self._ratios)
             self._sessions[session_id] = budget
+            self._counts["ok"] += 1
             while len(self._sessions) > self.max_sessions:
                 old_id, old = self._sessions.popitem(last=False)
                 self._ended(old_id, old, "evicted")
         else:
             self._sessions.move_to_end(session_id)
         budget.last_seen = now
-        return budget.record(tokens)
+        before = budget.state
+        update = budget.record(tokens)
+        if update.state != before:
+            self._counts[before] -= 1
+            self._counts[update.state] += 1
+        return update
 
     def end(self, session_id: str) -> SessionBudget | None:
         """Close a session (its connection ended); returns its final budget."""
@@ -159,12 +167,11 @@ class SessionRegistry:
             self._ended(session_id, budget, "idle")
 
     def states(self) -> dict[BudgetState, int]:
-        """Live sessions per state."""
-        counts: dict[BudgetState, int] = dict.fromkeys(BUDGET_STATES, 0)
-        for budget in self._sessions.values():
-            counts[budget.state] += 1
-        return counts
+        """Live sessions per state (a copy)."""
+        return dict(self._counts)
 
     def _ended(self, session_id: str, budget: SessionBudget, why: str) -> None:
+        # Every removal path (end, idle, evicted) comes through here: keep the counts right.
+        self._counts[budget.state] -= 1
         if self._on_end is not None:
             self._on_end(session_id, budget, why)

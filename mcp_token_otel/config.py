@@ -84,6 +84,28 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class PrometheusConfig:
+    #: Serve /metrics from instrument() (the demo always does).
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = field(default=9464, metadata=_check("a port number from 0 to 65535", lambda v: 0 <= v <= 65535))
+    #: Serve HTTPS when set (PEM files); both or neither.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    #: Require HTTP basic auth when set; both or neither.
+    basic_auth_username: str = ""
+    basic_auth_password: str = ""
+    #: Sustained output-token budgets (tokens per second) exported for the McpTokenSustainedHighUsage alert.
+    tool_output_rate_budget: float = field(default=100.0, metadata=_POSITIVE)
+    service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)
+
+    def __post_init__(self) -> None:
+        for first, second in (("tls_cert_file", "tls_key_file"), ("basic_auth_username", "basic_auth_password")):
+            if bool(getattr(self, first)) != bool(getattr(self, second)):
+                raise ValueError(f"prometheus.{first}: expected together with prometheus.{second} (both or neither)")
+
+
+@dataclass(frozen=True)
 class OtelConfig:
     #: When true, instrument() builds OTLP exporters from the standard OTEL_* variables (configure_otel),
     #: unless the application already set its own tracer/meter providers.
@@ -100,6 +122,7 @@ class Config:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     spans: SpansConfig = field(default_factory=SpansConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
 
 

@@ -94,3 +94,15 @@ def test_registry_memory_is_constant_per_session() -> None:
         reg.record(f"s{i % 3}", 10)
     assert len(reg) == 3
     assert reg.get("s0") is not None and reg.get("s0").calls == 3334  # type: ignore[union-attr]
+
+
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 400), st.booleans()), max_size=80))
+def test_state_counts_always_match_the_live_sessions(ops: list[tuple[str, int, bool]]) -> None:
+    clock = FakeClock()
+    reg = SessionRegistry(1000, max_sessions=4, idle_timeout=30, clock=clock)
+    for sid, tokens, end in ops:
+        clock.now += 7
+        reg.end(sid) if end else reg.record(sid, tokens)
+        live = [reg.get(s) for s in "abcdef" if s in reg]
+        expected = {state: sum(1 for b in live if b is not None and b.state == state) for state in BUDGET_STATES}
+        assert reg.states() == expected

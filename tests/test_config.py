@@ -53,7 +53,11 @@ def test_every_key_has_an_env_variable() -> None:
      ({"risk": {"thresholds": {"low": "x"}}}, "config key 'risk.thresholds.low': expected an integer"),
      ({"risk": {"max_overhead_ratio": 0}}, "config key 'risk.max_overhead_ratio': expected a number in (0, 1]"),
      ({"estimator": "gpt"}, "config key 'estimator': expected one of default, chars/4"),
-     ({"risk": 3}, "config key 'risk': expected a mapping, got int")],
+     ({"risk": 3}, "config key 'risk': expected a mapping, got int"),
+     ({"prometheus": {"port": 70000}}, "config key 'prometheus.port': expected a port number from 0 to 65535"),
+     ({"prometheus": {"tls_cert_file": "c.pem"}}, "prometheus.tls_cert_file: expected together with"),
+     ({"prometheus": {"basic_auth_username": "u"}}, "prometheus.basic_auth_username: expected together with"),
+     ({"spans": {"capture_content": "yes"}}, "config key 'spans.capture_content': expected true or false")],
 )
 def test_bad_config_names_key_and_expectation(data: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
