@@ -1,0 +1,466 @@
+"""mcp 2.x hooks (verified against mcp 2.3; see docs/instrumentation.md).
+
+Server: a middleware appended to every ``Server.middleware`` list (``Server.__init__`` is wrapped, and
+``instrument_server`` covers servers built earlier). It runs inside the SDK's own SERVER span, which it
+enriches; only when no MCP span is recording does it open its own SERVER span.
+
+Client: ``ClientSession.__init__`` is wrapped to put the session's dispatcher behind a proxy. The proxy
+opens one CLIENT span per request. On ``JSONRPCDispatcher`` the SDK would open a second CLIENT span,
+so ``jsonrpc_dispatcher.otel_span`` is swapped for a version that *takes over* ours (one span, and the
+trace context the SDK injects into ``_meta`` is ours, so the server span is its child). On
+``DirectDispatcher`` (in-process) the server handler runs in our task, so ambient context parents it.
+
+Session ids: the server uses ``Connection.session_id`` (stateful streamable HTTP), else a uuid4 per
+Connection; the client uses a uuid4 per ClientSession as its budget key and reports the HTTP
+transport's ``mcp-session-id`` as ``mcp.session.id`` once known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
+
+import mcp.client.stdio as client_stdio
+import mcp.server.stdio as server_stdio
+import mcp.shared.jsonrpc_dispatcher as jrd
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from opentelemetry.trace import Span, SpanKind
+
+from ..recorder import A_SESSION_ID, A_TRANSPORT, TokenRecorder, call_attributes, span_name
+
+logger = logging.getLogger(__name__)
+
+_MARK = "_mcp_token_otel"
+_MISSING = object()
+#: The CLIENT span that the SDK's next ``otel_span(kind=CLIENT)`` must take over (single use).
+_TAKEOVER: contextvars.ContextVar[Span | None] = contextvars.ContextVar("mcp_token_takeover", default=None)
+#: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
+_CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "mcp_token_client_transport", default=None
+)
+#: Server: "pipe" inside stdio_server() (memory and stdio streams look the same to a middleware).
+_SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mcp_token_server_transport", default=None
+)
+
+_active: V2Shim | None = None
+
+
+def _is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
+    """A recording span of this kind for this MCP method (the SDK's, or an outer instrumentation's)."""
+    if not span.is_recording() or getattr(span, "kind", None) is not kind:
+        return False
+    attrs = getattr(span, "attributes", None) or {}
+    return attrs.get("mcp.method.name") == method
+
+
+def _tool_name(method: str, params: Any) -> str | None:
+    if method == "tools/call" and isinstance(params, Mapping):
+        name = params.get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _as_dict(result: Any) -> Any:
+    dump = getattr(result, "model_dump", None)
+    return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else result
+
+
+class TokenMiddleware:
+    """Server middleware: ``async (ctx, call_next) -> result``, measuring the wire params and result."""
+
+    _mcp_token_otel = True
+
+    def __init__(self, shim: V2Shim) -> None:
+        self._shim = shim
+
+    async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+        shim = self._shim
+        if not shim.active:
+            return await call_next(ctx)
+        rec = shim.recorder
+        method, params = ctx.method, ctx.params
+        span, own, session_key = None, None, None
+        try:
+            session_id, session_key = shim.server_session(ctx)
+            if ctx.request_id is None:
+                session_key = None  # notifications never enter the model's context
+            current = trace.get_current_span()
+            if _is_mcp_span(current, SpanKind.SERVER, method):
+                span = current
+            else:
+                # The SDK's OpenTelemetryMiddleware was removed (or is not recording): open our own.
+                parent = extract(ctx.meta) if ctx.meta else None
+                own = span = rec.start_span(
+                    span_name(method, params),
+                    SpanKind.SERVER,
+                    call_attributes(method, params, request_id=ctx.request_id),
+                    context=parent,
+                )
+            transport = "tcp" if ctx.request is not None else _SERVER_TRANSPORT.get()
+            extra: dict[str, Any] = {}
+            if session_id:
+                extra[A_SESSION_ID] = session_id
+            if transport:
+                extra[A_TRANSPORT] = transport
+            if ctx.protocol_version and own is not None:
+                extra["mcp.protocol.version"] = ctx.protocol_version
+            rec.set_attributes(span, extra)
+        except Exception:
+            rec._fault("span")
+        rec.record_input(span, "server", method, params, session_key)
+        tool = _tool_name(method, params)
+        token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
+        try:
+            try:
+                result = await call_next(ctx)
+            except MCPError as exc:
+                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key)
+                raise
+            except Exception as exc:
+                if own is not None:
+                    rec.record_exception(own, exc)
+                raise
+            if ctx.request_id is not None:
+                rec.record_output(
+                    span, "server", method, tool, result=_as_dict(result), session_id=session_key
+                )
+            return result
+        finally:
+            if token is not None:
+                with contextlib.suppress(Exception):
+                    trace.context_api.detach(token)
+            rec.end_span(own)
+
+
+class DispatcherProxy:
+    """Stands in for a ClientSession's dispatcher; everything not overridden is delegated."""
+
+    def __init__(self, inner: Any, shim: V2Shim, session: ClientSession, transport: tuple[str, Any] | None):
+        self._inner = inner
+        self._shim = shim
+        self._session = weakref.ref(session)
+        self._direct = not isinstance(inner, jrd.JSONRPCDispatcher)
+        self._transport = None if self._direct else transport
+        self._key = uuid.uuid4().hex  # budget key: stable for this ClientSession
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _session_id(self) -> str | None:
+        transport = self._transport[1] if self._transport else None
+        return getattr(transport, "session_id", None)
+
+    def _protocol_version(self) -> str | None:
+        session = self._session()
+        return getattr(session, "protocol_version", None) if session is not None else None
+
+    async def send_raw_request(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> Any:
+        shim = self._shim
+        if not shim.active:
+            return await self._inner.send_raw_request(method, params, opts)
+        rec = shim.recorder
+        span, own, token = None, None, None
+        try:
+            current = trace.get_current_span()
+            if _is_mcp_span(current, SpanKind.CLIENT, method):
+                span = current  # an outer MCP instrumentation already traces this call
+            else:
+                attrs = call_attributes(
+                    method,
+                    params,
+                    protocol_version=self._protocol_version(),
+                    transport=self._transport[0] if self._transport else None,
+                )
+                own = span = rec.start_span(span_name(method, params), SpanKind.CLIENT, attrs)
+                if own is not None:
+                    token = trace.context_api.attach(trace.set_span_in_context(own))
+        except Exception:
+            rec._fault("span")
+        takeover = _TAKEOVER.set(span if span is not None and not self._direct else None)
+        rec.record_input(span, "client", method, params, self._key)
+        tool = _tool_name(method, params)
+        try:
+            try:
+                result = await self._inner.send_raw_request(method, params, opts)
+            except MCPError as exc:
+                rec.record_output(span, "client", method, tool, error=exc.error, session_id=self._key)
+                raise
+            except Exception as exc:
+                if own is not None:
+                    rec.record_exception(own, exc)
+                raise
+            rec.record_output(span, "client", method, tool, result=result, session_id=self._key)
+            if method == "initialize" and isinstance(result, Mapping):
+                rec.set_attributes(span, {"mcp.protocol.version": str(result.get("protocolVersion", ""))})
+            return result
+        finally:
+            _TAKEOVER.reset(takeover)
+            self._finish_client_span(span, own, token)
+
+    def _finish_client_span(self, span: Span | None, own: Span | None, token: Any) -> None:
+        rec = self._shim.recorder
+        extra: dict[str, Any] = {}
+        session_id = self._session_id()  # known after the initialize response
+        if session_id:
+            extra[A_SESSION_ID] = session_id
+        version = self._protocol_version()
+        if version:
+            extra["mcp.protocol.version"] = version
+        if extra:
+            rec.set_attributes(span, extra)
+        if token is not None:
+            with contextlib.suppress(Exception):
+                trace.context_api.detach(token)
+        rec.end_span(own)
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> None:
+        if self._shim.active:
+            self._shim.recorder.record_input(None, "client", method, params)
+        return await self._inner.notify(method, params, opts)
+
+    async def run(
+        self, on_request: Any, on_notify: Any, on_notify_intercept: Any = None, **kwargs: Any
+    ) -> Any:
+        shim = self._shim
+
+        async def wrapped_on_request(dctx: Any, method: str, params: Any) -> Any:
+            if not shim.active:
+                return await on_request(dctx, method, params)
+            return await self._inbound_request(on_request, dctx, method, params)
+
+        async def wrapped_on_notify(dctx: Any, method: str, params: Any) -> Any:
+            if shim.active:
+                shim.recorder.record_input(None, "client", method, params)
+            return await on_notify(dctx, method, params)
+
+        try:
+            return await self._inner.run(wrapped_on_request, wrapped_on_notify, on_notify_intercept, **kwargs)
+        finally:
+            shim.recorder.end_session("client", self._key)
+
+    async def _inbound_request(self, on_request: Any, dctx: Any, method: str, params: Any) -> Any:
+        """A server->client request (sampling, elicitation, roots): a SERVER span on the client side."""
+        rec = self._shim.recorder
+        span, token = None, None
+        try:
+            # Over memory streams the ambient context is the sender's: take the parent from _meta instead.
+            meta = params.get("_meta") if isinstance(params, Mapping) else None
+            parent = extract(meta) if isinstance(meta, Mapping) else None
+            attrs = call_attributes(method, params, request_id=getattr(dctx, "request_id", None))
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=parent)
+            if span is not None:
+                token = trace.context_api.attach(trace.set_span_in_context(span))
+        except Exception:
+            rec._fault("span")
+        rec.record_input(span, "client", method, params, self._key)
+        try:
+            try:
+                result = await on_request(dctx, method, params)
+            except MCPError as exc:
+                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key)
+                raise
+            except Exception as exc:
+                rec.record_exception(span, exc)
+                raise
+            rec.record_output(span, "client", method, None, result=_as_dict(result), session_id=self._key)
+            return result
+        finally:
+            if token is not None:
+                with contextlib.suppress(Exception):
+                    trace.context_api.detach(token)
+            rec.end_span(span)
+
+
+class V2Shim:
+    """The installed patches for one recorder; ``uninstall`` restores the SDK exactly."""
+
+    def __init__(self, recorder: TokenRecorder) -> None:
+        self.recorder = recorder
+        self.active = False
+        self._originals: list[tuple[Any, str, Any]] = []
+        self._servers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._sessions: weakref.WeakSet[ClientSession] = weakref.WeakSet()
+        self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+    # -------------------------------------------------------------- install / uninstall
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        # vars(): the attribute as the owner itself holds it (never an inherited one), restored verbatim.
+        self._originals.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, replacement)
+
+    def install(self) -> None:
+        shim = self
+        server_init = Server.__init__
+        session_init = ClientSession.__init__
+        http_init = StreamableHTTPTransport.__init__
+        sdk_otel_span = jrd.otel_span
+        spawn = client_stdio._create_platform_compatible_process
+        stdio_server = server_stdio.stdio_server
+
+        @functools.wraps(server_init)
+        def patched_server_init(self: Server, *args: Any, **kwargs: Any) -> None:
+            server_init(self, *args, **kwargs)
+            shim.add_middleware(self)
+
+        @functools.wraps(session_init)
+        def patched_session_init(self: ClientSession, *args: Any, **kwargs: Any) -> None:
+            session_init(self, *args, **kwargs)
+            shim.wrap_session(self)
+
+        @functools.wraps(http_init)
+        def patched_http_init(self: StreamableHTTPTransport, *args: Any, **kwargs: Any) -> None:
+            http_init(self, *args, **kwargs)
+            # The transport's context-manager body runs in the caller's context, so the session built next
+            # in this task sees it.
+            _CLIENT_TRANSPORT.set(("tcp", self))
+
+        @contextlib.contextmanager
+        def takeover_otel_span(
+            name: str, *, kind: SpanKind, attributes: Any = None, **kwargs: Any
+        ) -> Iterator[Any]:
+            span = _TAKEOVER.get()
+            if span is None or kind is not SpanKind.CLIENT:
+                with sdk_otel_span(name, kind=kind, attributes=attributes, **kwargs) as sdk_span:
+                    yield sdk_span
+                return
+            _TAKEOVER.set(None)  # single use: never leaks into a nested send or a handler
+            if attributes:
+                shim.recorder.set_attributes(span, attributes)  # the minted jsonrpc.request.id
+            yield span  # current already: the SDK injects our span context into _meta
+
+        @functools.wraps(spawn)
+        async def patched_spawn(*args: Any, **kwargs: Any) -> Any:
+            process = await spawn(*args, **kwargs)
+            _CLIENT_TRANSPORT.set(("pipe", None))
+            return process
+
+        @contextlib.asynccontextmanager
+        async def patched_stdio_server(*args: Any, **kwargs: Any) -> Any:
+            token = _SERVER_TRANSPORT.set("pipe")
+            try:
+                async with stdio_server(*args, **kwargs) as streams:
+                    yield streams
+            finally:
+                with contextlib.suppress(ValueError):
+                    _SERVER_TRANSPORT.reset(token)
+
+        functools.update_wrapper(patched_stdio_server, stdio_server)
+        self._patch(Server, "__init__", patched_server_init)
+        self._patch(ClientSession, "__init__", patched_session_init)
+        self._patch(StreamableHTTPTransport, "__init__", patched_http_init)
+        self._patch(jrd, "otel_span", takeover_otel_span)
+        self._patch(client_stdio, "_create_platform_compatible_process", patched_spawn)
+        self._patch(server_stdio, "stdio_server", patched_stdio_server)
+        try:  # MCPServer.run("stdio") looks stdio_server up in its own module
+            import mcp.server.mcpserver.server as mcpserver_module
+
+            if getattr(mcpserver_module, "stdio_server", None) is stdio_server:
+                self._patch(mcpserver_module, "stdio_server", patched_stdio_server)
+        except ImportError:
+            pass
+        self.active = True
+
+    def uninstall(self) -> None:
+        self.active = False
+        for owner, name, original in reversed(self._originals):
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._originals.clear()
+        for server in list(self._servers):
+            self.remove_middleware(server)
+        for session in list(self._sessions):
+            proxy = session.__dict__.get("_dispatcher")
+            if isinstance(proxy, DispatcherProxy) and proxy._shim is self:
+                session._dispatcher = proxy._inner
+        self._sessions = weakref.WeakSet()
+
+    # -------------------------------------------------------------- server side
+
+    def add_middleware(self, server: Any) -> None:
+        """Append our middleware (idempotent); accepts a low-level Server or an MCPServer."""
+        try:
+            low = getattr(server, "_lowlevel_server", server)
+            chain = low.middleware
+            if not any(getattr(m, _MARK, False) for m in chain):
+                # After OpenTelemetryMiddleware (index 0): we run inside the SDK's SERVER span.
+                chain.append(TokenMiddleware(self))
+            self._servers.add(low)
+        except Exception:
+            self.recorder._fault("install")
+
+    @staticmethod
+    def remove_middleware(server: Any) -> None:
+        low = getattr(server, "_lowlevel_server", server)
+        with contextlib.suppress(Exception):
+            low.middleware[:] = [m for m in low.middleware if not getattr(m, _MARK, False)]
+
+    def server_session(self, ctx: Any) -> tuple[str | None, str]:
+        """(the protocol's session id or None, the budget key: that id or a uuid4 per Connection)."""
+        connection = getattr(ctx.session, "_connection", None)
+        session_id = getattr(connection, "session_id", None)
+        if connection is None:
+            return session_id, session_id or uuid.uuid4().hex
+        key = self._connection_keys.get(connection)
+        if key is None:
+            key = session_id or uuid.uuid4().hex
+            self._connection_keys[connection] = key
+            # The Connection object lives as long as the connection: its collection ends the session.
+            weakref.finalize(connection, self.recorder.end_session, "server", key)
+        return session_id, key
+
+    # -------------------------------------------------------------- client side
+
+    def wrap_session(self, session: ClientSession) -> None:
+        try:
+            transport = _CLIENT_TRANSPORT.get()
+            _CLIENT_TRANSPORT.set(None)  # consumed: a later in-memory session in this task is not "tcp"
+            inner = session._dispatcher
+            if not isinstance(inner, DispatcherProxy):
+                session._dispatcher = DispatcherProxy(inner, self, session, transport)
+                self._sessions.add(session)
+        except Exception:
+            self.recorder._fault("install")
+
+
+def install(recorder: TokenRecorder) -> V2Shim:
+    """Patch mcp 2.x for ``recorder``; at most one shim is active."""
+    global _active
+    if _active is not None:
+        return _active
+    shim = V2Shim(recorder)
+    shim.install()
+    _active = shim
+    return shim
+
+
+def uninstall() -> None:
+    global _active
+    if _active is not None:
+        _active.uninstall()
+        _active = None
+
+
+def instrument_server(server: Any) -> None:
+    """Instrument a server built before ``instrument()`` (a low-level Server or an MCPServer)."""
+    if _active is None:
+        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
+        return
+    _active.add_middleware(server)
+
+
+__all__ = ["DispatcherProxy", "TokenMiddleware", "V2Shim", "install", "instrument_server", "uninstall"]

@@ -1,0 +1,117 @@
+"""``instrument()`` / ``uninstrument()`` and the ``opentelemetry-instrument`` entry point.
+
+The adapter is chosen by feature detection, not by version string: ``mcp.shared.dispatcher`` exists only
+in mcp 2.x, ``mcp.shared.session`` only in 1.x. An adapter module exposes ``install(recorder)``,
+``uninstall()`` and ``instrument_server(server)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
+
+from .config import Config, load_config
+from .recorder import TokenRecorder
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_state: tuple[TokenRecorder, Any] | None = None  # (recorder, adapter module)
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def detect_adapter() -> str | None:
+    """The adapter module for the installed mcp SDK, or None when mcp is missing."""
+    if _has_module("mcp.shared.dispatcher"):
+        return "mcp_token_otel.adapters.mcp_v2"
+    if _has_module("mcp.shared.session"):
+        return "mcp_token_otel.adapters.mcp_v1"
+    return None
+
+
+def instrument(
+    config: Config | None = None,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+) -> TokenRecorder | None:
+    """Instrument the installed mcp SDK; idempotent (a second call returns the active recorder).
+
+    ``config`` defaults to ``load_config()`` (``MCP_TOKEN_OTEL_*`` variables and file). Providers default
+    to the global ones; with ``otel.configure`` true, OTLP exporters are set up first from OTEL_*.
+    Returns the recorder, or None when no supported mcp SDK is installed.
+    """
+    global _state
+    with _lock:
+        if _state is not None:
+            return _state[0]
+        config = config if config is not None else load_config()
+        if config.otel.configure:
+            from .otel_setup import configure_otel
+
+            configure_otel()
+        name = detect_adapter()
+        if name is None:
+            logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
+            return None
+        try:
+            adapter = importlib.import_module(name)
+        except ImportError:
+            logger.warning("mcp_token_otel: adapter %s is not available; nothing instrumented", name)
+            return None
+        recorder = TokenRecorder(config, tracer_provider, meter_provider)
+        adapter.install(recorder)
+        _state = (recorder, adapter)
+        return recorder
+
+
+def uninstrument() -> None:
+    """Restore the SDK exactly; sessions that exist keep working, without measurement."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        _, adapter = _state
+        _state = None
+        adapter.uninstall()
+
+
+def active_recorder() -> TokenRecorder | None:
+    return _state[0] if _state is not None else None
+
+
+def instrument_server(server: Any) -> None:
+    """Instrument a server object built before ``instrument()``."""
+    if _state is None:
+        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
+        return
+    _state[1].instrument_server(server)
+
+
+class McpTokenInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """``opentelemetry-instrument`` entry point (group ``opentelemetry_instrumentor``)."""
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("mcp >= 1.20",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        instrument(
+            kwargs.get("config"),
+            tracer_provider=kwargs.get("tracer_provider"),
+            meter_provider=kwargs.get("meter_provider"),
+        )
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        uninstrument()

@@ -1,0 +1,192 @@
+"""TokenRecorder on its own: span attributes and events, metrics, bounded labels, faults never raise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.trace import SpanKind, StatusCode
+
+from mcp_token_otel.measure import Policy
+from mcp_token_otel.recorder import TOKEN_BUCKETS, TokenRecorder
+
+from .conftest import Otel, make_config
+
+
+def tool_result(text: str, *, is_error: bool = False) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": is_error}
+
+
+def new_recorder(otel: Otel, **config: Any) -> TokenRecorder:
+    return TokenRecorder(make_config(**config), otel.tracer_provider, otel.meter_provider)
+
+
+def one_call(rec: TokenRecorder, text: str, tool: str = "big", session: str | None = "s1", **kw: Any) -> None:
+    span = rec.start_span(f"tools/call {tool}", SpanKind.CLIENT)
+    params = {"name": tool, "arguments": {"q": "abcd" * 4}}
+    rec.record_input(span, "client", "tools/call", params, session)
+    rec.record_output(span, "client", "tools/call", tool, result=tool_result(text, **kw), session_id=session)
+    rec.end_span(span)
+
+
+def test_span_attributes_and_risk_event(otel: Otel) -> None:
+    rec = new_recorder(otel)
+    one_call(rec, "x" * 40_000)
+    (span,) = otel.spans()
+    attrs = span.attributes
+    assert attrs["mcp_token.input_tokens"] > 0
+    assert attrs["mcp_token.output_tokens"] >= 10_000
+    assert attrs["mcp_token.overhead_tokens"] >= 0
+    assert 0 <= attrs["mcp_token.overhead_ratio"] <= 1
+    assert attrs["mcp_token.risk_tier"] == "critical"
+    assert attrs["mcp_token.estimator"] == "chars/4"
+    assert attrs["mcp_token.session.state"] == "ok"
+    assert (
+        attrs["mcp_token.session.tokens"]
+        == attrs["mcp_token.input_tokens"] + attrs["mcp_token.output_tokens"]
+    )
+    assert attrs["mcp_token.session.utilization"] == pytest.approx(
+        attrs["mcp_token.session.tokens"] / 200_000
+    )
+    assert not any(k.startswith("gen_ai.usage") for k in attrs)
+    assert "gen_ai.tool.call.result" not in attrs and "gen_ai.tool.call.arguments" not in attrs
+    (event,) = [e for e in span.events if e.name == "mcp_token.risk"]
+    assert event.attributes["mcp_token.risk_tier"] == "critical"
+    assert "critical" in event.attributes["mcp_token.advisory"]
+    assert span.status.status_code is StatusCode.UNSET
+
+
+def test_tool_error_sets_error_type(otel: Otel) -> None:
+    rec = new_recorder(otel)
+    one_call(rec, "bad input", is_error=True)
+    (span,) = otel.spans()
+    assert span.attributes["error.type"] == "tool_error"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_jsonrpc_error(otel: Otel) -> None:
+    rec = new_recorder(otel)
+    span = rec.start_span("tools/call x", SpanKind.SERVER)
+    error = {"code": -32602, "message": "Invalid params"}
+    m = rec.record_output(span, "server", "tools/call", "x", error=error, session_id="s")
+    rec.end_span(span)
+    assert m is not None and m.error_type == "-32602"
+    (s,) = otel.spans()
+    assert s.attributes["error.type"] == "-32602"
+    assert s.attributes["rpc.response.status_code"] == "-32602"
+    assert s.status.status_code is StatusCode.ERROR
+
+
+def test_metrics_names_buckets_and_no_session_id(otel: Otel) -> None:
+    rec = new_recorder(otel, budget={"context_window": 20_000})
+    one_call(rec, "x" * 40_000)  # ~10k tokens: critical, half the window
+    one_call(rec, "x" * 40_000)  # past 100%: enters warning and exhausted at once
+    rec.end_session("client", "s1")
+    points = otel.metrics()
+    tokens = points["mcp_token.message.tokens"]
+    assert {p.attributes["mcp_token.direction"] for p in tokens} == {"input", "output"}
+    out = next(p for p in tokens if p.attributes["mcp_token.direction"] == "output")
+    assert out.attributes == {
+        "mcp_token.side": "client",
+        "mcp.method.name": "tools/call",
+        "gen_ai.tool.name": "big",
+        "mcp_token.direction": "output",
+        "mcp_token.risk_tier": "critical",
+    }
+    assert tuple(out.explicit_bounds) == TOKEN_BUCKETS
+    assert TOKEN_BUCKETS[0] == 1 and TOKEN_BUCKETS[-1] == 67108864
+    assert points["mcp_token.overhead.ratio"]
+    assert sum(p.value for p in points["mcp_token.risk.breaches"]) == 2
+    transitions = {
+        p.attributes["mcp_token.session.state"]: p.value for p in points["mcp_token.session.transitions"]
+    }
+    assert transitions == {"warning": 1, "exhausted": 1}
+    (util,) = points["mcp_token.session.utilization"]
+    assert util.count == 1 and util.sum > 1.0
+    for name, pts in points.items():
+        for p in pts:
+            assert "mcp.session.id" not in p.attributes and "mcp_token.session.id" not in p.attributes, name
+            assert "s1" not in p.attributes.values(), name
+
+
+def test_budget_events(otel: Otel) -> None:
+    rec = new_recorder(otel, budget={"context_window": 1000})
+    one_call(rec, "x" * 3200)  # ~800 tokens -> warning
+    one_call(rec, "x" * 800)  # -> exhausted
+    first, second = otel.spans()
+    assert [
+        e.attributes["mcp_token.session.state"] for e in first.events if e.name == "mcp_token.budget"
+    ] == ["warning"]
+    assert [
+        e.attributes["mcp_token.session.state"] for e in second.events if e.name == "mcp_token.budget"
+    ] == ["exhausted"]
+    assert second.attributes["mcp_token.session.state"] == "exhausted"
+
+
+def test_tool_names_overflow(otel: Otel) -> None:
+    rec = new_recorder(otel, metrics={"max_tool_names": 3})
+    for i in range(6):
+        one_call(rec, "ok", tool=f"t{i}", session=None)
+    tools = {p.attributes.get("gen_ai.tool.name") for p in otel.metrics()["mcp_token.message.tokens"]}
+    assert tools == {"t0", "t1", "t2", "_other"}
+    names = {s.attributes.get("mcp_token.output_tokens") is not None for s in otel.spans()}
+    assert names == {True}  # spans keep measuring every call
+
+
+def test_capture_content_truncated(otel: Otel) -> None:
+    rec = new_recorder(otel, spans={"capture_content": True, "max_content_chars": 10})
+    one_call(rec, "y" * 100)
+    (span,) = otel.spans()
+    assert len(span.attributes["gen_ai.tool.call.arguments"]) == 10
+    assert len(span.attributes["gen_ai.tool.call.result"]) == 10
+
+
+def _raise(_text: str) -> int:
+    raise RuntimeError("estimator fault")
+
+
+class BrokenSink:
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any) -> None:
+            raise RuntimeError(f"sink fault in {name}")
+
+        return fail
+
+
+class BrokenInstrument:
+    def record(self, *a: Any, **k: Any) -> None:
+        raise RuntimeError("meter fault")
+
+    add = record
+
+
+class BrokenMeter:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: BrokenInstrument()
+
+
+class BrokenMeterProvider(MeterProvider):
+    def get_meter(self, *a: Any, **k: Any) -> Any:
+        return BrokenMeter()
+
+
+def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
+    rec = new_recorder(otel)
+    rec.policy = Policy(estimator=_raise, estimator_name="broken")
+    one_call(rec, "text")
+    assert rec.error_counts["estimate"] == 2
+    errors = otel.metrics()["mcp_token.instrumentation.errors"]
+    assert {p.attributes["mcp_token.stage"]: p.value for p in errors} == {"estimate": 2}
+
+    rec = new_recorder(otel)
+    rec.add_sink(BrokenSink())
+    one_call(rec, "text")
+    assert rec.error_counts["metrics"] >= 2
+
+    rec = TokenRecorder(make_config(), otel.tracer_provider, BrokenMeterProvider())
+    one_call(rec, "text")
+    assert rec.error_counts["metrics"] >= 2
+    assert rec.record_output(None, "client", "tools/call", None, result=object()) is not None
+    rec.end_session("server", "never-seen")
+    rec.end_span(None)

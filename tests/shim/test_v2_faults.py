@@ -1,0 +1,108 @@
+"""Fault injection: estimator, span processor, exporter and meter faults never break an MCP call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from mcp_token_otel.instrument import instrument, uninstrument
+from mcp_token_otel.measure import Policy
+
+from .conftest import Otel, make_config
+from .test_recorder import BrokenMeterProvider, BrokenSink
+
+N = 20
+
+
+def make_server() -> MCPServer:
+    server = MCPServer("faults")
+
+    @server.tool()
+    def text(n: int) -> str:
+        return "abc " * n
+
+    @server.tool()
+    def boom() -> str:
+        raise ValueError("tool failed")
+
+    return server
+
+
+def calls(mode: str) -> list[dict[str, Any]]:
+    async def main() -> list[dict[str, Any]]:
+        out = []
+        with anyio.fail_after(30):
+            async with Client(make_server(), mode=mode) as client:
+                for i in range(N):
+                    result = await client.call_tool("boom" if i % 7 == 6 else "text", {"n": i * 10})
+                    out.append(result.model_dump())
+        return out
+
+    return anyio.run(main)
+
+
+class RaisingProcessor(SpanProcessor):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("processor on_start fault")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("processor on_end fault")
+
+
+class RaisingExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        raise RuntimeError("exporter fault")
+
+
+def _raise(_text: str) -> int:
+    raise RuntimeError("estimator fault")
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize("fault", ["estimator", "span_processor", "exporter", "meter", "sink"])
+def test_faults_do_not_change_results(otel: Otel, mode: str, fault: str) -> None:
+    expected = calls(mode)  # uninstrumented baseline
+    tracer_provider: Any = otel.tracer_provider
+    meter_provider: Any = otel.meter_provider
+    if fault == "span_processor":
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(RaisingProcessor())
+    elif fault == "exporter":
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(RaisingExporter()))
+    elif fault == "meter":
+        meter_provider = BrokenMeterProvider()
+    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
+    assert recorder is not None
+    if fault == "estimator":
+        recorder.policy = Policy(estimator=_raise, estimator_name="broken")
+    elif fault == "sink":
+        recorder.add_sink(BrokenSink())
+    try:
+        got = calls(mode)
+    finally:
+        uninstrument()
+    assert got == expected
+    errors = {
+        p.attributes["mcp_token.stage"]: p.value
+        for p in otel.metrics().get("mcp_token.instrumentation.errors", [])
+    }
+    if fault == "estimator":
+        # client and server both measure input and output of every call
+        assert recorder.error_counts["estimate"] >= 4 * N
+        assert errors["estimate"] >= 4 * N
+    elif fault == "span_processor":
+        assert recorder.error_counts["span"] >= N  # our CLIENT span could not start
+    elif fault == "exporter":
+        assert not recorder.error_counts  # the SDK's span processor absorbs exporter faults
+    elif fault == "meter":
+        assert recorder.error_counts["metrics"] >= 2 * N  # visible in-process: the meter itself is broken
+    elif fault == "sink":
+        assert errors["metrics"] >= 2 * N  # the healthy OTel sink counts the broken sink's faults
