@@ -1,0 +1,61 @@
+"""Attach the Prometheus sink to a recorder and serve it: what ``instrument()`` and the demo call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from .config import PrometheusConfig
+from .metrics_server import AsgiApp, BasicAuth, MetricsServer, WsgiApp, metrics_asgi_app, metrics_wsgi_app
+from .prometheus_metrics import PrometheusMetrics, multiprocess_mode, multiprocess_registry
+from .recorder import TokenRecorder
+
+
+@dataclass
+class PrometheusService:
+    """The sink feeding a recorder, the registry to serve, and the running server (if any)."""
+
+    metrics: PrometheusMetrics
+    registry: CollectorRegistry
+    auth: BasicAuth | None
+    server: MetricsServer | None = None
+
+    def wsgi_app(self) -> WsgiApp:
+        """/metrics as a WSGI app, to mount in an existing web server."""
+        return metrics_wsgi_app(self.registry, self.auth)
+
+    def asgi_app(self) -> AsgiApp:
+        """/metrics as an ASGI app (Starlette, FastAPI...), e.g. next to an MCP streamable-HTTP app."""
+        return metrics_asgi_app(self.registry, self.auth)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve: bool = True) -> PrometheusService:
+    """Feed ``recorder`` into prometheus-client families; with ``serve``, listen on config.host:port.
+
+    In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the served registry merges every worker.
+    """
+    metrics = PrometheusMetrics(
+        states=recorder.states,
+        tool_output_rate_budget=config.tool_output_rate_budget,
+        service_output_rate_budget=config.service_output_rate_budget,
+    )
+    recorder.add_sink(metrics)
+    registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
+    auth = BasicAuth(config.basic_auth_username, config.basic_auth_password) if config.basic_auth_username else None
+    service = PrometheusService(metrics, registry, auth)
+    if serve:
+        service.server = MetricsServer.start(
+            config.host,
+            config.port,
+            registry,
+            auth=auth,
+            tls_cert_file=config.tls_cert_file or None,
+            tls_key_file=config.tls_key_file or None,
+        )
+    return service

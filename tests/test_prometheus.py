@@ -1,0 +1,274 @@
+"""The Prometheus metrics service: families, exemplars, auth, TLS, multiprocess, promtool lint.
+
+Everything goes through a real recorder and a real HTTP server on 127.0.0.1; scrapes are parsed with
+prometheus-client's own parser.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcp_token_otel.config import config_from_dict
+from mcp_token_otel.metrics_server import BasicAuth, MetricsServer, metrics_asgi_app
+from mcp_token_otel.prometheus_metrics import PrometheusMetrics, label_value
+from mcp_token_otel.recorder import TokenRecorder
+
+BIG = {"content": [{"type": "text", "text": "word " * 12000}]}  # ~10k tokens estimated: critical
+SMALL = {"content": [{"type": "text", "text": "ok"}], "_meta": {"k": "v"}}
+
+
+def make_recorder(**config: object) -> tuple[TokenRecorder, PrometheusMetrics]:
+    cfg = config_from_dict({"budget": {"context_window": 20_000}, **config})
+    recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider())
+    sink = PrometheusMetrics(states=recorder.states, tool_output_rate_budget=42, service_output_rate_budget=420)
+    recorder.add_sink(sink)
+    return recorder, sink
+
+
+def drive(recorder: TokenRecorder, session: str = "sess-secret-1234") -> None:
+    recorder.record_input(None, "server", "tools/call", {"name": "dump", "arguments": {"all": True}}, session)
+    recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)
+    recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)  # -> exhausted
+    recorder.record_output(None, "server", "tools/call", "ping", result=SMALL, session_id="other")
+    recorder.record_output(None, "client", "tools/call", "ping", error={"code": -32602, "message": "bad"})
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[TokenRecorder, PrometheusMetrics, MetricsServer]]:
+    recorder, sink = make_recorder()
+    server = MetricsServer.start("127.0.0.1", 0, sink.registry)
+    try:
+        yield recorder, sink, server
+    finally:
+        server.close()
+
+
+def scrape(url: str, accept: str | None = None, auth: tuple[str, str] | None = None,
+           context: ssl.SSLContext | None = None) -> tuple[int, str, str]:
+    request = urllib.request.Request(url)
+    if accept:
+        request.add_header("Accept", accept)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.headers.get("Content-Type", ""), response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read().decode()
+
+
+def samples(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def value(found: dict, name: str, **labels: str) -> float:
+    return sum(v for lbl, v in found.get(name, []) if all(lbl.get(k) == x for k, x in labels.items()))
+
+
+def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
+    recorder, _, server = served
+    drive(recorder)
+    status, ctype, body = scrape(server.url)
+    assert status == 200 and ctype.startswith("text/plain")
+    found = samples(body)
+    assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output",
+                 risk_tier="critical") == 2
+    assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 1
+    assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
+    assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
+    assert value(found, "mcp_token_overhead_ratio_count", side="server") == 3
+    assert value(found, "mcp_token_message_tokens_count", side="client", risk_tier="low", tool="ping") == 1
+    assert value(found, "mcp_token_session_transitions_total", side="server", state="warning") == 1
+    assert value(found, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
+    assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 1
+    assert value(found, "mcp_token_sessions", side="server", state="ok") == 1
+    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 42
+    assert value(found, "mcp_token_output_rate_budget_per_second", scope="service") == 420
+    assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate") == 0
+    # the session ended: its utilization is observed once, and it is no longer live
+    recorder.end_session("server", "sess-secret-1234")
+    found = samples(scrape(server.url)[2])
+    assert value(found, "mcp_token_session_utilization_ratio_count", side="server") == 1
+    assert value(found, "mcp_token_session_utilization_ratio_bucket", side="server", le="0.9") == 0
+    assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 0
+
+
+def test_no_session_id_anywhere_in_the_exposition(
+        served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
+    recorder, _, server = served
+    drive(recorder)
+    body = scrape(server.url)[2]
+    assert "sess-secret-1234" not in body and "other" not in body.replace("_other", "")
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            assert not any("session" in label for label in sample.labels), sample
+
+
+def test_tool_names_overflow_and_are_sanitised() -> None:
+    recorder, sink = make_recorder(metrics={"max_tool_names": 3})
+    for i in range(10):
+        recorder.record_output(None, "server", "tools/call", f"tool{i}", result=SMALL)
+    recorder.record_output(None, "server", "tools/call", "tool0", result=SMALL)
+    tools = {lbl["tool"] for lbl, _ in samples(_body(sink))["mcp_token_message_tokens_count"]}
+    assert tools == {"tool0", "tool1", "tool2", "_other"}
+    assert label_value("bad\ud800name\n" + "x" * 500) == "bad?name_" + "x" * 119
+    assert label_value(None) == "" and len(label_value("y" * 1000)) == 128
+
+
+def _body(sink: PrometheusMetrics) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(sink.registry).decode()
+
+
+def test_exemplars_carry_the_trace_id_in_openmetrics(
+        served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
+    recorder, _, server = served
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("tools/call dump") as span:
+        recorder.record_output(span, "server", "tools/call", "dump", result=BIG, session_id="s")
+        trace_id = format(span.get_span_context().trace_id, "032x")
+    status, ctype, body = scrape(server.url, accept="application/openmetrics-text; version=1.0.0")
+    assert status == 200 and ctype.startswith("application/openmetrics-text")
+    bucket_lines = [line for line in body.splitlines() if line.startswith("mcp_token_message_tokens_bucket")]
+    assert any(f'trace_id="{trace_id}"' in line for line in bucket_lines)
+    plain = scrape(server.url)[2]
+    assert "trace_id" not in plain  # the classic text format has no exemplars
+
+
+def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
+    _, sink = make_recorder()
+    auth = BasicAuth("prom", "s3cret")
+    server = MetricsServer.start("127.0.0.1", 0, sink.registry, auth=auth)
+    try:
+        assert scrape(server.url)[0] == 401
+        assert scrape(server.url, auth=("prom", "wrong"))[0] == 401
+        status, _, body = scrape(server.url, auth=("prom", "s3cret"))
+        assert status == 200 and "mcp_token_output_rate_budget_per_second" in body
+    finally:
+        server.close()
+
+    app = metrics_asgi_app(sink.registry, auth)
+
+    async def call(headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": "/metrics", "query_string": b"", "headers": headers}
+        await app(scope, receive, send)
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    assert anyio.run(call, [])[0] == 401
+    good = [(b"authorization", b"Basic " + base64.b64encode(b"prom:s3cret"))]
+    status, body = anyio.run(call, good)
+    assert status == 200 and b"mcp_token_output_rate_budget_per_second" in body
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
+def test_tls(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    _, sink = make_recorder()
+    server = MetricsServer.start("127.0.0.1", 0, sink.registry, tls_cert_file=str(cert), tls_key_file=str(key))
+    try:
+        assert server.url.startswith("https://")
+        context = ssl.create_default_context(cafile=str(cert))
+        status, _, body = scrape(server.url, context=context)
+        assert status == 200 and "mcp_token_sessions" in body
+    finally:
+        server.close()
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing: scripts/system-deps installs it (Debian package prometheus)")
+        pytest.skip("promtool not installed")
+    return path
+
+
+def test_promtool_check_metrics_is_clean(served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
+    promtool = _promtool()
+    recorder, _, server = served
+    drive(recorder)
+    recorder.end_session("server", "other")
+    body = scrape(server.url)[2]
+    result = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+
+
+WORKER = textwrap.dedent(
+    """
+    import sys
+    from mcp_token_otel.config import config_from_dict
+    from mcp_token_otel.prometheus_metrics import PrometheusMetrics
+    from mcp_token_otel.recorder import TokenRecorder
+    recorder = TokenRecorder(config_from_dict({}))
+    recorder.add_sink(PrometheusMetrics(states=recorder.states))
+    for _ in range(int(sys.argv[1])):
+        recorder.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x"}]},
+                               session_id="s")
+    """
+)
+READER = textwrap.dedent(
+    """
+    import sys
+    from prometheus_client import generate_latest, multiprocess
+    from mcp_token_otel.prometheus_metrics import multiprocess_registry
+    for pid in sys.argv[1:]:  # what a server's worker-exit hook does (gunicorn child_exit)
+        multiprocess.mark_process_dead(int(pid))
+    print(generate_latest(multiprocess_registry()).decode())
+    """
+)
+
+
+def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    pids = []
+    for count in ("3", "4"):
+        worker = subprocess.Popen([sys.executable, "-c", WORKER, count], env=env)
+        assert worker.wait(timeout=120) == 0
+        pids.append(str(worker.pid))
+
+    def read(*dead: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", READER, *dead], env=env, check=True, capture_output=True,
+                             timeout=120)
+        return samples(out.stdout.decode())
+
+    found = read()
+    assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
+    assert value(found, "mcp_token_tokens_total", tool="t") >= 7
+    assert value(found, "mcp_token_sessions", state="ok") == 2  # one live session per worker, summed
+    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 100
+    # once the workers are marked dead, their sessions no longer count as live; counters stay
+    found = read(*pids)
+    assert value(found, "mcp_token_sessions", state="ok") == 0
+    assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
