@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -132,6 +133,28 @@ def _cmd_config(args: argparse.Namespace, policy: Policy) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace, policy: Policy) -> int:
+    import anyio
+
+    from .demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        duration=args.duration,
+        rate=args.rate,
+        sessions=args.sessions,
+        context_window=args.context_window,
+        seed=args.seed,
+        interval=args.interval,
+        quiet=args.quiet,
+    )
+    config = load_config(args.config)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
+        anyio.run(run_demo, config, options)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mcp-token-otel",
@@ -153,6 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", action="store_true", help="machine-readable output")
     prof.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
     prof.set_defaults(func=_cmd_profile, estimator=None)
+
+    demo = sub.add_parser("demo", help="run an instrumented MCP server and client, serving /metrics")
+    demo.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")
+    demo.add_argument("--metrics-port", type=int, default=9464, help="port for /metrics (default 9464; 0 = any)")
+    demo.add_argument("--duration", type=float, default=20.0, help="seconds to run (default 20; 0 = until Ctrl-C)")
+    demo.add_argument("--rate", type=float, default=20.0, help="tool calls per second, all sessions (default 20)")
+    demo.add_argument("--sessions", type=int, default=3, help="concurrent agent sessions (default 3)")
+    demo.add_argument("--context-window", type=int, default=60_000,
+                      help="context window of each session, small so sessions reach exhaustion (default 60000)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed of the workload")
+    demo.add_argument("--interval", type=float, default=5.0, help="seconds between live summaries (default 5)")
+    demo.add_argument("--quiet", action="store_true", help="print the final table only")
+    demo.set_defaults(func=_cmd_demo, estimator=None)
 
     cfg = sub.add_parser("config", help="print the effective configuration (file + environment)")
     cfg.set_defaults(func=_cmd_config, estimator=None)

@@ -1,0 +1,268 @@
+"""``mcp-token-otel demo``: a real instrumented MCP server and client in one process.
+
+An MCPServer with tools whose responses span the four risk tiers (and one that fails now and then) is
+called over the SDK's in-memory JSON-RPC transport by concurrent "agent sessions"; each session keeps
+calling until it has made its planned number of calls, so some end ok and some climb through warning to
+exhaustion of a deliberately small context window. Both sides are instrumented, ``/metrics`` is served,
+and a per-tool summary is printed while it runs and at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import anyio
+from mcp.types import CallToolResult, TextContent
+
+from .config import Config
+from .measure import Measurement
+from .risk import RISK_TIERS
+
+#: Tools and how often an agent calls them.
+TOOL_WEIGHTS: dict[str, int] = {
+    "get_time": 30, "search_docs": 30, "read_file": 18, "export_table": 10, "lookup_user": 12,
+}
+DEMO_CONTEXT_WINDOW = 60_000
+_WORDS = [
+    "context", "budget", "token", "model", "window", "tool", "schema", "result", "agent", "prompt", "session",
+    "overhead", "server", "client", "metric", "alert", "trace", "span", "exporter", "collector", "pagination",
+    "limit", "cursor", "payload", "response", "request",
+]
+
+
+@dataclass
+class ToolStats:
+    tokens: deque[int] = field(default_factory=lambda: deque(maxlen=2000))
+    overhead: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    tiers: Counter[str] = field(default_factory=Counter)
+    errors: int = 0
+    calls: int = 0
+
+
+class DemoStats:
+    """A recorder metrics sink keeping exact per-tool figures for the printed summary (server side)."""
+
+    def __init__(self) -> None:
+        self.tools: dict[str, ToolStats] = {}
+        self.transitions: Counter[str] = Counter()
+        self.sessions_ended = 0
+        self.utilizations: list[float] = []
+
+    def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
+        if side != "server" or direction != "output" or method != "tools/call" or tool is None:
+            return
+        stats = self.tools.setdefault(tool, ToolStats())
+        stats.calls += 1
+        stats.tokens.append(m.total_tokens)
+        stats.overhead.append(m.overhead_ratio)
+        stats.tiers[m.risk_tier] += 1
+        stats.errors += m.error_type is not None
+
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
+        pass
+
+    def record_transition(self, side: str, state: str) -> None:
+        if side == "server":
+            self.transitions[state] += 1
+
+    def record_session_end(self, side: str, utilization: float) -> None:
+        if side == "server":
+            self.sessions_ended += 1
+            self.utilizations.append(utilization)
+
+    def record_error(self, stage: str) -> None:
+        pass
+
+    def table(self) -> str:
+        lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
+                 f"{'overhead':>9}{'errors':>8}"]
+        from .risk import classify_risk
+
+        for name in sorted(self.tools):
+            s = self.tools[name]
+            ordered = sorted(s.tokens)
+            p50 = ordered[len(ordered) // 2]
+            p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+            lines.append(
+                f"{name:<14}{s.calls:>7}{p50:>9,}{p95:>9,}{ordered[-1]:>9,}  {classify_risk(p95):<11}"
+                f"{statistics.fmean(s.overhead):>9.0%}{s.errors:>8}"
+            )
+        mix = Counter[str]()
+        for s in self.tools.values():
+            mix.update(s.tiers)
+        lines.append("tiers: " + ", ".join(f"{t} {mix[t]}" for t in RISK_TIERS))
+        util = f", mean utilization at end {statistics.fmean(self.utilizations):.0%}" if self.utilizations else ""
+        lines.append(
+            f"sessions: {self.sessions_ended} ended, {self.transitions['warning']} entered warning, "
+            f"{self.transitions['exhausted']} exhausted{util}"
+        )
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The demo server: payload sizes are chosen to land in each tier.
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words)).capitalize() + "."
+
+
+def build_server(seed: int = 0) -> Any:
+    from mcp.server.mcpserver import MCPServer
+
+    rng = random.Random(seed)
+    server = MCPServer("mcp-token-otel-demo")
+
+    @server.tool()
+    def get_time(timezone: str = "UTC") -> dict[str, Any]:
+        """Current time in a timezone (low tier: a few dozen tokens)."""
+        return {"timezone": timezone, "datetime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "is_dst": False}
+
+    @server.tool()
+    def search_docs(query: str, limit: int = 20) -> str:
+        """Search the documentation (medium tier; MCPServer repeats the text as structuredContent)."""
+        hits = [
+            {"title": _sentence(rng, 6), "url": f"https://docs.example/{query}/{i}", "snippet": _sentence(rng, 40)}
+            for i in range(max(1, limit + rng.randint(-5, 3)))
+        ]
+        return json.dumps(hits)
+
+    @server.tool()
+    def read_file(path: str) -> CallToolResult:
+        """Read a source file (high tier)."""
+        lines = [f"    def step_{i}(self, {rng.choice(_WORDS)}: int) -> None:  # {_sentence(rng, 8)}"
+                 for i in range(rng.randint(150, 260))]
+        return CallToolResult(content=[TextContent(type="text", text=f"# {path}\n" + "\n".join(lines))])
+
+    @server.tool()
+    def export_table(table: str) -> CallToolResult:
+        """Export a whole table as CSV (critical tier: the kind of tool that floods a context)."""
+        rows = [f"{i},{rng.choice(_WORDS)},{rng.randint(0, 10**6)},{_sentence(rng, 12)}"
+                for i in range(rng.randint(380, 600))]
+        return CallToolResult(
+            content=[TextContent(type="text", text="id,name,value,comment\n" + "\n".join(rows))],
+            _meta={"com.example/export": {"table": table, "rows": len(rows)}},
+        )
+
+    @server.tool()
+    def lookup_user(user_id: int) -> CallToolResult:
+        """Look a user up; fails now and then (an isError result)."""
+        if rng.random() < 0.15:
+            return CallToolResult(content=[TextContent(type="text", text=f"user {user_id} not found")], isError=True)
+        return CallToolResult(content=[TextContent(type="text", text=json.dumps(
+            {"id": user_id, "name": rng.choice(_WORDS).title(), "roles": ["reader"]}))])
+
+    return server
+
+
+_ARGS: dict[str, Any] = {
+    "get_time": lambda rng: {"timezone": rng.choice(["UTC", "Europe/Paris", "Asia/Tokyo"])},
+    "search_docs": lambda rng: {"query": rng.choice(_WORDS), "limit": 16},
+    "read_file": lambda rng: {"path": f"src/{rng.choice(_WORDS)}.py"},
+    "export_table": lambda rng: {"table": rng.choice(["orders", "events", "users"])},
+    "lookup_user": lambda rng: {"user_id": rng.randint(1, 5000)},
+}
+
+
+@dataclass
+class DemoOptions:
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464
+    duration: float = 20.0
+    rate: float = 20.0
+    sessions: int = 3
+    context_window: int = DEMO_CONTEXT_WINDOW
+    seed: int = 0
+    interval: float = 5.0
+    quiet: bool = False
+
+
+async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, stop: anyio.Event) -> None:
+    from mcp import Client
+
+    names, weights = list(TOOL_WEIGHTS), list(TOOL_WEIGHTS.values())
+    while not stop.is_set() and time.monotonic() < deadline:
+        planned = rng.randint(6, 26)  # some sessions stay ok, some reach warning or exhaustion
+        async with Client(server, mode="legacy") as client:
+            for _ in range(planned):
+                if stop.is_set() or time.monotonic() >= deadline:
+                    break
+                name = rng.choices(names, weights)[0]
+                await client.call_tool(name, _ARGS[name](rng))
+                await anyio.sleep(pace)
+
+
+def _ensure_tracing() -> None:
+    """Spans must record for exemplars: use OTLP when configured by OTEL_*, else a local SDK provider."""
+    import os
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        from .otel_setup import configure_otel
+
+        configure_otel()
+    elif not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+
+
+async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
+    """Run the demo workload; returns the final figures (also printed)."""
+    from .instrument import instrument, uninstrument
+    from .prometheus_service import start_prometheus
+
+    config = dataclasses.replace(
+        config,
+        budget=dataclasses.replace(config.budget, context_window=options.context_window),
+        prometheus=dataclasses.replace(
+            config.prometheus, enabled=True, host=options.metrics_host, port=options.metrics_port
+        ),
+    )
+    _ensure_tracing()
+    recorder = instrument(config)
+    if recorder is None:
+        raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
+    stats = DemoStats()
+    recorder.add_sink(stats)
+    service = start_prometheus(recorder, config.prometheus)
+    try:
+        assert service.server is not None
+        print(f"mcp-token-otel demo: metrics at {service.server.url}; context window {options.context_window:,} "
+              f"tokens; {options.sessions} concurrent sessions at ~{options.rate:g} calls/s", file=out, flush=True)
+        server = build_server(options.seed)
+        deadline = time.monotonic() + options.duration if options.duration > 0 else float("inf")
+        pace = options.sessions / options.rate if options.rate > 0 else 0.0
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            for i in range(options.sessions):
+                tg.start_soon(_agent, server, random.Random(options.seed * 1000 + i), deadline, pace, stop)
+            if not options.quiet:
+                tg.start_soon(_report, stats, options.interval, deadline, out)
+            with anyio.move_on_after(max(0.0, deadline - time.monotonic()) if deadline != float("inf") else None):
+                await anyio.sleep_forever()
+            stop.set()
+            tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
+        print("\nfinal summary (server side, output of tools/call):", file=out)
+        print(stats.table(), file=out, flush=True)
+        return stats
+    finally:
+        service.close()
+        uninstrument()
+
+
+async def _report(stats: DemoStats, interval: float, deadline: float, out: TextIO) -> None:
+    start = time.monotonic()
+    while time.monotonic() + interval < deadline:
+        await anyio.sleep(interval)
+        if stats.tools:
+            print(f"\n[{time.monotonic() - start:5.0f}s]", file=out)
+            print(stats.table(), file=out, flush=True)
