@@ -419,8 +419,13 @@ class V2Shim:
         if key is None:
             key = session_id or uuid.uuid4().hex
             self._connection_keys[connection] = key
-            # The Connection object lives as long as the connection: its collection ends the session.
-            weakref.finalize(connection, self.recorder.end_session, "server", key)
+            # Every SDK driver unwinds the Connection's exit stack when the connection ends (its
+            # per-connection cleanup hook); garbage collection is only the fallback.
+            exit_stack = getattr(connection, "exit_stack", None)
+            if exit_stack is not None:
+                exit_stack.callback(self.recorder.end_session, "server", key)
+            else:
+                weakref.finalize(connection, self.recorder.end_session, "server", key)
         return session_id, key
 
     # -------------------------------------------------------------- client side
