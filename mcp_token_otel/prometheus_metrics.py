@@ -32,12 +32,14 @@ from prometheus_client.registry import Collector
 
 from .budget import BUDGET_STATES
 from .measure import Measurement
+from .risk import BREACH_TIERS
 
 PREFIX = "mcp_token"
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
 RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 UTILIZATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 MAX_LABEL_CHARS = 128
+_BREACH_TIERS = tuple(sorted(BREACH_TIERS))
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: Live sessions per side and state, as the recorder reports them.
@@ -149,8 +151,12 @@ class PrometheusMetrics:
                 )
             else:
                 r.register(_SessionsCollector(states))
-        # Pre-create the error series so a healthy process exports 0, not nothing.
+        # Pre-create series that alerts take increase() of: a series born at its first event would hide
+        # that event from increase() (it has no earlier sample), and a healthy process should export 0.
         self.errors.labels("estimate")
+        for side in ("client", "server"):
+            for state in ("warning", "exhausted"):
+                self.transitions.labels(side, state)
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
@@ -164,6 +170,9 @@ class PrometheusMetrics:
         self.tokens.labels(side, method_label, tool_label, direction).inc(tokens)
         if direction == "output":
             self.overhead.labels(side, method_label, tool_label).observe(measurement.overhead_ratio, exemplar)
+            if measurement.risk_tier not in _BREACH_TIERS:  # first sight of a calm tool: its breach series exist at 0
+                for tier in _BREACH_TIERS:
+                    self.breaches.labels(side, method_label, tool_label, tier)
         if self._live_sessions is not None and self._states is not None:
             for session_side, counts in self._states().items():
                 for state in BUDGET_STATES:
