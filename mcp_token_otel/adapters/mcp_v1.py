@@ -1,0 +1,648 @@
+"""mcp 1.x hooks (verified against mcp 1.30; see docs/instrumentation-mcp1.md).
+
+mcp 1.x emits no spans of its own, so the shim opens both sides, with the same names, attributes and
+events as the 2.x adapter:
+
+- Outbound requests (``BaseSession.send_request``, client calls and server->client sampling alike): a
+  CLIENT span, current for the call, whose W3C context is injected into ``params._meta``.
+- Inbound requests (``RequestResponder.__enter__`` / ``respond`` / ``__exit__``): a SERVER span whose parent
+  is extracted from the request's ``_meta``, attached so that handler code sees it.
+- Notifications: outbound ones (``send_notification``) and client-side inbound ones are measured without a
+  span; server-side inbound ones get a SERVER span, as in 2.x. None of them count toward a budget.
+
+Sessions: a ``_SessionInfo`` per session object (``BaseSession.__init__`` is wrapped), holding the budget
+key, the transport and the negotiated protocol version. The budget ends when the session's
+``async with`` exits (``BaseSession.__aexit__``), never on garbage collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mcp.client.stdio as client_stdio
+import mcp.server.stdio as server_stdio
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.server.session import ServerSession
+from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.shared.exceptions import McpError
+from mcp.shared.session import BaseSession, RequestResponder
+from mcp.types import ErrorData
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Span, SpanKind
+
+from ..recorder import A_PROTOCOL, A_SESSION_ID, Side, TokenRecorder, call_attributes, span_name
+
+logger = logging.getLogger(__name__)
+
+_MARK = "_mcp_token_otel"
+_MISSING = object()
+_SESSION_HEADER = "mcp-session-id"
+#: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
+_CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "mcp_token_v1_client_transport", default=None
+)
+#: Server: set around a transport's streams, which the ServerSession built next in this task reads.
+_SERVER_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
+    "mcp_token_v1_server_transport", default=None
+)
+
+_active: V1Shim | None = None
+
+
+@dataclass
+class _SessionInfo:
+    side: Side
+    key: str  # budget key: the server's mcp-session-id when known at creation, else a uuid4
+    transport: str | None = None  # network.transport: "pipe" or "tcp"; None in memory
+    http: Any = None  # the streamable HTTP transport (client or server), read lazily for the session id
+    session_id: str | None = None  # the mcp-session-id seen in a request header (server)
+    protocol_version: str | None = None
+    ended: bool = False
+
+    def protocol_session_id(self) -> str | None:
+        sid = getattr(self.http, "session_id" if self.side == "client" else "mcp_session_id", None)
+        return sid if isinstance(sid, str) and sid else self.session_id
+
+
+@dataclass
+class _InboundState:
+    """What ``__enter__`` leaves on a RequestResponder for ``respond`` and ``__exit__``."""
+
+    span: Span | None
+    token: Any
+    side: Side
+    method: str
+    tool: str | None
+    key: str | None
+    info: _SessionInfo | None
+    responded: bool = False
+
+
+def _side_of(session: Any) -> Side | None:
+    if isinstance(session, ClientSession):
+        return "client"
+    if isinstance(session, ServerSession):
+        return "server"
+    return None  # some other BaseSession subclass: left alone
+
+
+def _dump(model: Any) -> Any:
+    """The wire form of a pydantic model (what the SDK itself serializes); other values as they are."""
+    dump = getattr(model, "model_dump", None)
+    return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else model
+
+
+def _tool_name(method: str, params: Any) -> str | None:
+    if method == "tools/call" and isinstance(params, Mapping):
+        name = params.get("name")
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
+    """A recording span of this kind for this MCP method (an outer instrumentation's)."""
+    if not span.is_recording() or getattr(span, "kind", None) is not kind:
+        return False
+    attrs = getattr(span, "attributes", None) or {}
+    return attrs.get("mcp.method.name") == method
+
+
+def _extract_parent(meta: Any) -> Any:
+    """The context carried in ``_meta``, or None (ambient parenting) when it holds no valid traceparent."""
+    if not isinstance(meta, Mapping) or not meta:
+        return None
+    try:
+        ctx = propagate.extract(meta)
+    except (ValueError, TypeError):
+        return None
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def _header_session_id(responder: Any) -> str | None:
+    """The request's ``mcp-session-id`` header (streamable HTTP: a Starlette Request in the metadata)."""
+    request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
+    headers = getattr(request, "headers", None)
+    value = headers.get(_SESSION_HEADER) if headers is not None else None
+    return value if isinstance(value, str) and value else None
+
+
+def _detach(token: Any) -> None:
+    if token is not None:
+        with contextlib.suppress(Exception):
+            otel_context.detach(token)
+
+
+@contextlib.asynccontextmanager
+async def _with_transport(
+    var: contextvars.ContextVar[tuple[str, Any] | None], value: tuple[str, Any], cm: Any
+) -> AsyncIterator[Any]:
+    # The body of an async context manager runs in the caller's context, so a session built inside
+    # ``async with`` (in this task or a task started from it) sees ``value``.
+    token = var.set(value)
+    try:
+        async with cm as streams:
+            yield streams
+    finally:
+        with contextlib.suppress(ValueError):
+            var.reset(token)
+
+
+class V1Shim:
+    """The installed patches for one recorder; ``uninstall`` restores the SDK exactly."""
+
+    def __init__(self, recorder: TokenRecorder) -> None:
+        self.recorder = recorder
+        self.active = False
+        self._originals: list[tuple[Any, str, Any]] = []
+        self._sessions: weakref.WeakKeyDictionary[Any, _SessionInfo] = weakref.WeakKeyDictionary()
+
+    # -------------------------------------------------------------- install / uninstall
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        # vars(): the attribute as the owner itself holds it (never an inherited one), restored verbatim.
+        original = vars(owner).get(name, _MISSING)
+        if getattr(original, _MARK, False):
+            return  # already ours (a stale install): never wrap a wrapper
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(replacement, _MARK, True)
+        self._originals.append((owner, name, original))
+        setattr(owner, name, replacement)
+
+    def install(self) -> None:
+        self._patch(BaseSession, "__init__", self._wrap_session_init(BaseSession.__init__))
+        self._patch(BaseSession, "__aexit__", self._wrap_session_aexit(BaseSession.__aexit__))
+        self._patch(BaseSession, "send_request", self._wrap_send_request(BaseSession.send_request))
+        self._patch(BaseSession, "send_notification", self._wrap_send_notification(BaseSession.send_notification))
+        for cls in (ClientSession, ServerSession):
+            received = vars(cls).get("_received_notification")
+            if received is not None:
+                self._patch(cls, "_received_notification", self._wrap_received_notification(received))
+        self._patch(RequestResponder, "__enter__", self._wrap_enter(RequestResponder.__enter__))
+        self._patch(RequestResponder, "__exit__", self._wrap_exit(RequestResponder.__exit__))
+        self._patch(RequestResponder, "respond", self._wrap_respond(RequestResponder.respond))
+        self._install_transport_hooks()
+        self.active = True
+
+    def _install_transport_hooks(self) -> None:
+        http_init = StreamableHTTPTransport.__init__
+        spawn = client_stdio._create_platform_compatible_process
+        http_connect = StreamableHTTPServerTransport.connect
+        sse_connect = SseServerTransport.connect_sse
+        stdio_server = server_stdio.stdio_server
+
+        @functools.wraps(http_init)
+        def patched_http_init(transport: StreamableHTTPTransport, *args: Any, **kwargs: Any) -> None:
+            http_init(transport, *args, **kwargs)
+            _CLIENT_TRANSPORT.set(("tcp", transport))
+
+        @functools.wraps(spawn)
+        async def patched_spawn(*args: Any, **kwargs: Any) -> Any:
+            process = await spawn(*args, **kwargs)
+            _CLIENT_TRANSPORT.set(("pipe", None))
+            return process
+
+        @functools.wraps(http_connect)
+        def patched_http_connect(transport: StreamableHTTPServerTransport, *args: Any, **kwargs: Any) -> Any:
+            return _with_transport(_SERVER_TRANSPORT, ("tcp", transport), http_connect(transport, *args, **kwargs))
+
+        @functools.wraps(sse_connect)
+        def patched_sse_connect(transport: SseServerTransport, *args: Any, **kwargs: Any) -> Any:
+            return _with_transport(_SERVER_TRANSPORT, ("tcp", None), sse_connect(transport, *args, **kwargs))
+
+        @functools.wraps(stdio_server)
+        def patched_stdio_server(*args: Any, **kwargs: Any) -> Any:
+            return _with_transport(_SERVER_TRANSPORT, ("pipe", None), stdio_server(*args, **kwargs))
+
+        self._patch(StreamableHTTPTransport, "__init__", patched_http_init)
+        self._patch(client_stdio, "_create_platform_compatible_process", patched_spawn)
+        self._patch(StreamableHTTPServerTransport, "connect", patched_http_connect)
+        self._patch(SseServerTransport, "connect_sse", patched_sse_connect)
+        self._patch(server_stdio, "stdio_server", patched_stdio_server)
+        try:  # FastMCP.run_stdio_async looks stdio_server up in its own module
+            import mcp.server.fastmcp.server as fastmcp_module
+
+            if getattr(fastmcp_module, "stdio_server", None) is stdio_server:
+                self._patch(fastmcp_module, "stdio_server", patched_stdio_server)
+        except ImportError:
+            pass
+
+    def uninstall(self) -> None:
+        self.active = False
+        for owner, name, original in reversed(self._originals):
+            if original is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+        self._originals.clear()
+
+    # -------------------------------------------------------------- sessions
+
+    def session_info(self, session: Any) -> _SessionInfo | None:
+        """The session's info; created on first sight for sessions built before install()."""
+        info = self._sessions.get(session)
+        if info is None:
+            side = _side_of(session)
+            if side is None:
+                return None
+            info = _SessionInfo(side=side, key=uuid.uuid4().hex)
+            self._sessions[session] = info
+            # `async with` bound the original __aexit__ when it entered, so ours will not run for this
+            # session: the exit stack that __aexit__ closes ends the budget instead.
+            stack = getattr(session, "_exit_stack", None)
+            if stack is not None:
+                try:
+                    stack.callback(self._end_session, info)
+                except Exception:
+                    self.recorder._fault("install")
+        return info
+
+    def _safe_info(self, session: Any) -> _SessionInfo | None:
+        try:
+            return self.session_info(session)
+        except Exception:
+            self.recorder._fault("install")
+            return None
+
+    def _end_session(self, info: _SessionInfo) -> None:
+        if not info.ended:
+            info.ended = True
+            self.recorder.end_session(info.side, info.key)
+
+    def _new_session(self, session: Any) -> None:
+        side = _side_of(session)
+        if side is None:
+            return
+        if side == "client":
+            transport = _CLIENT_TRANSPORT.get()
+            _CLIENT_TRANSPORT.set(None)  # consumed: a later in-memory session in this task is not "tcp"
+        else:
+            transport = _SERVER_TRANSPORT.get()  # not consumed: a stateless HTTP server builds one per request
+        kind, http = transport if transport else (None, None)
+        info = _SessionInfo(side=side, key=uuid.uuid4().hex, transport=kind, http=http)
+        if side == "server":
+            sid = info.protocol_session_id()
+            if sid:
+                info.key = sid  # stateful streamable HTTP: the id is known before initialize
+        self._sessions[session] = info
+
+    def _wrap_session_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        shim = self
+
+        @functools.wraps(original)
+        def patched_init(session: BaseSession[Any, Any, Any, Any, Any], *args: Any, **kwargs: Any) -> None:
+            original(session, *args, **kwargs)
+            if shim.active:
+                try:
+                    shim._new_session(session)
+                except Exception:
+                    shim.recorder._fault("install")
+
+        return patched_init
+
+    def _wrap_session_aexit(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_aexit(session: BaseSession[Any, Any, Any, Any, Any], *exc: Any) -> Any:
+            try:
+                return await original(session, *exc)
+            finally:
+                # The receive loop has stopped: the session is over (closing it on GC would depend on
+                # reference cycles; this does not).
+                info = shim._sessions.get(session)
+                if info is not None:
+                    shim._end_session(info)
+
+        return patched_aexit
+
+    # -------------------------------------------------------------- outbound
+
+    def _wrap_send_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_send_request(
+            session: BaseSession[Any, Any, Any, Any, Any], request: Any, result_type: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            info = shim._safe_info(session) if shim.active else None
+            if info is None:
+                return await original(session, request, result_type, *args, **kwargs)
+            return await shim._outbound_request(original, session, info, request, result_type, args, kwargs)
+
+        return patched_send_request
+
+    async def _outbound_request(
+        self,
+        original: Callable[..., Any],
+        session: Any,
+        info: _SessionInfo,
+        request: Any,
+        result_type: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        rec = self.recorder
+        side, key = info.side, info.key
+        method, params = "unknown", None
+        span, own, token = None, None, None
+        try:
+            data = _dump(request)
+            method = str(data.get("method", "unknown"))
+            params = data.get("params")
+            current = trace.get_current_span()
+            if _is_mcp_span(current, SpanKind.CLIENT, method):
+                span = current  # an outer MCP instrumentation already traces this call
+            else:
+                attrs = call_attributes(
+                    method,
+                    params,
+                    # The id the SDK assigns next; nothing awaits between this read and its assignment.
+                    request_id=getattr(session, "_request_id", None),
+                    protocol_version=info.protocol_version,
+                    transport=info.transport,
+                )
+                own = span = rec.start_span(span_name(method, params), SpanKind.CLIENT, attrs)
+                if own is not None:
+                    token = otel_context.attach(trace.set_span_in_context(own))
+            request = self._inject(request, data)
+        except Exception:
+            rec._fault("span")
+        rec.record_input(span, side, method, params, key)
+        tool = _tool_name(method, params)
+        try:
+            try:
+                result = await original(session, request, result_type, *args, **kwargs)
+            except McpError as exc:
+                rec.record_output(span, side, method, tool, error=exc.error, session_id=key)
+                raise
+            except Exception as exc:
+                if own is not None:
+                    rec.record_exception(own, exc)
+                raise
+            wire = self._result_dict(result)
+            rec.record_output(span, side, method, tool, result=wire, session_id=key)
+            if method == "initialize" and isinstance(wire, Mapping):
+                version = wire.get("protocolVersion")
+                if isinstance(version, str):
+                    info.protocol_version = version
+            return result
+        finally:
+            self._finish_client_span(info, span, token, own)
+
+    def _result_dict(self, result: Any) -> Any:
+        try:
+            return _dump(result)  # the validated result model: re-dumped in its wire form
+        except Exception:
+            self.recorder._fault("estimate")
+            return None
+
+    def _inject(self, request: Any, data: dict[str, Any]) -> Any:
+        """The request with our W3C context in ``params._meta`` (a new, re-validated model)."""
+        carrier: dict[str, Any] = {}
+        propagate.inject(carrier)
+        if not carrier:
+            return request  # nothing to propagate: keep the request byte-identical
+        params = data.get("params")
+        params = dict(params) if isinstance(params, Mapping) else {}
+        meta = params.get("_meta")
+        params["_meta"] = {**meta, **carrier} if isinstance(meta, Mapping) else carrier
+        # RequestParams.Meta allows extra keys, so traceparent survives validation and serialization.
+        return type(request).model_validate({**data, "params": params})
+
+    def _finish_client_span(self, info: _SessionInfo, span: Span | None, token: Any, own: Span | None) -> None:
+        extra: dict[str, Any] = {}
+        session_id = info.protocol_session_id()  # known after the initialize response
+        if session_id:
+            extra[A_SESSION_ID] = session_id
+        if info.protocol_version:
+            extra[A_PROTOCOL] = info.protocol_version
+        if extra:
+            self.recorder.set_attributes(span, extra)
+        _detach(token)
+        self.recorder.end_span(own)
+
+    def _wrap_send_notification(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_send_notification(
+            session: BaseSession[Any, Any, Any, Any, Any], notification: Any, *args: Any, **kwargs: Any
+        ) -> Any:
+            if shim.active:
+                shim._measure_notification(session, notification)
+            return await original(session, notification, *args, **kwargs)
+
+        return patched_send_notification
+
+    def _measure_notification(self, session: Any, notification: Any) -> None:
+        """A notification's params, on the metrics only (no span, never on a budget)."""
+        try:
+            side = _side_of(session)
+            if side is None:
+                return
+            data = _dump(notification)
+            method, params = str(data.get("method", "unknown")), data.get("params")
+        except Exception:
+            self.recorder._fault("estimate")
+            return
+        self.recorder.record_input(None, side, method, params)
+
+    def _wrap_received_notification(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_received_notification(session: Any, notification: Any, *args: Any, **kwargs: Any) -> Any:
+            if not shim.active:
+                return await original(session, notification, *args, **kwargs)
+            if isinstance(session, ClientSession):
+                shim._measure_notification(session, notification)
+                return await original(session, notification, *args, **kwargs)
+            span = shim._notification_span(session, notification)
+            try:
+                return await original(session, notification, *args, **kwargs)
+            finally:
+                shim.recorder.end_span(span)
+
+        return patched_received_notification
+
+    def _notification_span(self, session: Any, notification: Any) -> Span | None:
+        """Server side: a SERVER span for an inbound notification, as the 2.x SDK opens one."""
+        rec = self.recorder
+        span = None
+        method, params = "unknown", None
+        try:
+            info = self._safe_info(session)
+            data = _dump(notification)
+            method, params = str(data.get("method", "unknown")), data.get("params")
+            meta = params.get("_meta") if isinstance(params, Mapping) else None
+            attrs = call_attributes(
+                method,
+                params,
+                session_id=info.protocol_session_id() if info else None,
+                protocol_version=self._server_protocol(session, info),
+                transport=info.transport if info else None,
+            )
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_extract_parent(meta))
+        except Exception:
+            rec._fault("span")
+        rec.record_input(span, "server", method, params)  # no session: notifications stay off budgets
+        return span
+
+    # -------------------------------------------------------------- inbound requests
+
+    @staticmethod
+    def _server_protocol(session: Any, info: _SessionInfo | None) -> str | None:
+        if info is not None and info.protocol_version:
+            return info.protocol_version
+        client_params = getattr(session, "client_params", None)
+        version = getattr(client_params, "protocolVersion", None)
+        return str(version) if version is not None else None
+
+    def _wrap_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        def patched_enter(responder: RequestResponder[Any, Any]) -> Any:
+            entered = original(responder)
+            if shim.active and getattr(responder, _MARK, None) is None:
+                try:
+                    shim._open_inbound(responder)
+                except Exception:
+                    shim.recorder._fault("span")
+            return entered
+
+        return patched_enter
+
+    def _open_inbound(self, responder: Any) -> None:
+        """Runs in the handler's task (``with responder:``), so attaching here is what the handler sees."""
+        rec = self.recorder
+        session = getattr(responder, "_session", None)
+        info = self._safe_info(session)
+        if info is None:
+            return
+        side = info.side
+        key: str | None = info.key
+        span, token = None, None
+        method, params = "unknown", None
+        try:
+            data = _dump(responder.request)
+            method, params = str(data.get("method", "unknown")), data.get("params")
+            meta = params.get("_meta") if isinstance(params, Mapping) else None
+            request_id = getattr(responder, "request_id", None)
+            if side == "server":
+                header_id = _header_session_id(responder)
+                if header_id and not info.session_id:
+                    info.session_id = header_id
+                attrs = call_attributes(
+                    method,
+                    params,
+                    session_id=info.protocol_session_id(),
+                    request_id=request_id,
+                    protocol_version=self._server_protocol(session, info),
+                    transport=info.transport,
+                )
+            else:
+                # A server->client request (sampling, elicitation, roots): the same attributes as in 2.x.
+                attrs = call_attributes(method, params, request_id=request_id)
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_extract_parent(meta))
+            if span is not None:
+                token = otel_context.attach(trace.set_span_in_context(span))
+        except Exception:
+            rec._fault("span")
+        state = _InboundState(span, token, side, method, _tool_name(method, params), key, info)
+        try:
+            setattr(responder, _MARK, state)
+        except Exception:
+            rec._fault("span")
+            _detach(token)
+            rec.end_span(span)
+            return
+        rec.record_input(span, side, method, params, key)
+
+    def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_respond(responder: RequestResponder[Any, Any], response: Any) -> Any:
+            state = getattr(responder, _MARK, None)
+            if shim.active and isinstance(state, _InboundState) and not state.responded:
+                state.responded = True
+                shim._measure_response(state, response)
+            return await original(responder, response)
+
+        return patched_respond
+
+    def _measure_response(self, state: _InboundState, response: Any) -> None:
+        rec = self.recorder
+        if isinstance(response, ErrorData):
+            # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
+            rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key)
+            return
+        result = self._result_dict(response)
+        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key)
+        if state.method == "initialize" and state.side == "server" and isinstance(result, Mapping):
+            version = result.get("protocolVersion")
+            if isinstance(version, str) and state.info is not None:
+                state.info.protocol_version = version  # negotiated: may differ from the client's request
+                rec.set_attributes(state.span, {A_PROTOCOL: version})
+
+    def _wrap_exit(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        def patched_exit(responder: RequestResponder[Any, Any], *exc: Any) -> Any:
+            try:
+                return original(responder, *exc)
+            finally:
+                state = getattr(responder, _MARK, None)
+                if isinstance(state, _InboundState):
+                    shim._close_inbound(responder, state, exc[1] if len(exc) > 1 else None)
+
+        return patched_exit
+
+    def _close_inbound(self, responder: Any, state: _InboundState, exc: BaseException | None) -> None:
+        rec = self.recorder
+        if isinstance(exc, Exception) and not state.responded:
+            rec.record_exception(state.span, exc)
+        _detach(state.token)
+        state.token = None
+        rec.end_span(state.span)
+        state.span = None
+
+
+def install(recorder: TokenRecorder) -> V1Shim:
+    """Patch mcp 1.x for ``recorder``; at most one shim is active."""
+    global _active
+    if _active is not None:
+        return _active
+    shim = V1Shim(recorder)
+    shim.install()
+    _active = shim
+    return shim
+
+
+def uninstall() -> None:
+    global _active
+    if _active is not None:
+        _active.uninstall()
+        _active = None
+
+
+def instrument_server(server: Any) -> None:
+    """Nothing to do on mcp 1.x: the hooks are on the session classes, so every server is covered."""
+    if _active is None:
+        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
+
+
+__all__ = ["V1Shim", "install", "instrument_server", "uninstall"]

@@ -1,0 +1,260 @@
+"""mcp 1.x: fault injection never changes results; uninstrument() restores the SDK; instrument() is idempotent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import mcp.client.stdio as client_stdio
+import mcp.server.fastmcp.server as fastmcp_server
+import mcp.server.stdio as server_stdio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.server.fastmcp import FastMCP
+from mcp.server.session import ServerSession
+from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.shared.memory import create_connected_server_and_client_session
+from mcp.shared.session import BaseSession, RequestResponder
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanKind
+
+from mcp_token_otel.instrument import instrument, uninstrument
+from mcp_token_otel.measure import Policy
+
+from .conftest import Otel, make_config
+
+N = 20
+
+# Every attribute the 1.x adapter patches, as its owner holds it.
+PATCHED: list[tuple[Any, str]] = [
+    (BaseSession, "__init__"),
+    (BaseSession, "__aexit__"),
+    (BaseSession, "send_request"),
+    (BaseSession, "send_notification"),
+    (ClientSession, "_received_notification"),
+    (ServerSession, "_received_notification"),
+    (RequestResponder, "__enter__"),
+    (RequestResponder, "__exit__"),
+    (RequestResponder, "respond"),
+    (StreamableHTTPTransport, "__init__"),
+    (client_stdio, "_create_platform_compatible_process"),
+    (StreamableHTTPServerTransport, "connect"),
+    (SseServerTransport, "connect_sse"),
+    (server_stdio, "stdio_server"),
+    (fastmcp_server, "stdio_server"),
+]
+
+
+def snapshot() -> list[Any]:
+    return [vars(owner).get(name) for owner, name in PATCHED]
+
+
+def make_server() -> FastMCP:
+    server = FastMCP("faults")
+
+    @server.tool()
+    def text(n: int) -> str:
+        return "abc " * n
+
+    @server.tool()
+    def boom() -> str:
+        raise ValueError("tool failed")
+
+    return server
+
+
+def calls() -> list[dict[str, Any]]:
+    async def main() -> list[dict[str, Any]]:
+        out = []
+        with anyio.fail_after(30):
+            async with create_connected_server_and_client_session(make_server()) as client:
+                for i in range(N):
+                    result = await client.call_tool("boom" if i % 7 == 6 else "text", {"n": i * 10})
+                    out.append(result.model_dump())
+        return out
+
+    return anyio.run(main)
+
+
+class RaisingProcessor(SpanProcessor):
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        raise RuntimeError("processor on_start fault")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("processor on_end fault")
+
+
+class RaisingExporter(SpanExporter):
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        raise RuntimeError("exporter fault")
+
+
+class BrokenSink:
+    """A MetricsSink whose every method raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any) -> None:
+            raise RuntimeError(f"sink fault in {name}")
+
+        return fail
+
+
+class BrokenInstrument:
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("meter fault")
+
+    add = record
+
+
+class BrokenMeter:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: BrokenInstrument()
+
+
+class BrokenMeterProvider(MeterProvider):
+    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+        return BrokenMeter()
+
+
+def _raise(_text: str) -> int:
+    raise RuntimeError("estimator fault")
+
+
+@pytest.mark.parametrize("fault", ["estimator", "span_processor", "exporter", "meter", "sink"])
+def test_faults_do_not_change_results(otel: Otel, fault: str) -> None:
+    expected = calls()  # uninstrumented baseline
+    tracer_provider: Any = otel.tracer_provider
+    meter_provider: Any = otel.meter_provider
+    if fault == "span_processor":
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(RaisingProcessor())
+    elif fault == "exporter":
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(RaisingExporter()))
+    elif fault == "meter":
+        meter_provider = BrokenMeterProvider()
+    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
+    assert recorder is not None
+    if fault == "estimator":
+        recorder.policy = Policy(estimator=_raise, estimator_name="broken")
+    elif fault == "sink":
+        recorder.add_sink(BrokenSink())
+    try:
+        got = calls()
+    finally:
+        uninstrument()
+    assert got == expected
+    assert len(got) == N
+    errors = {
+        p.attributes["mcp_token.stage"]: p.value for p in otel.metrics().get("mcp_token.instrumentation.errors", [])
+    }
+    if fault == "estimator":
+        # client and server both measure input and output of every call
+        assert recorder.error_counts["estimate"] >= 4 * N
+        assert errors["estimate"] >= 4 * N
+    elif fault == "span_processor":
+        assert recorder.error_counts["span"] >= 2 * N  # neither side's span could start
+    elif fault == "exporter":
+        assert not recorder.error_counts  # the SDK's span processor absorbs exporter faults
+    elif fault == "meter":
+        assert recorder.error_counts["metrics"] >= 4 * N  # visible in-process: the meter itself is broken
+    elif fault == "sink":
+        assert errors["metrics"] >= 4 * N  # the healthy OTel sink counts the broken sink's faults
+
+
+def test_uninstrument_restores_sdk(otel: Otel) -> None:
+    from mcp_token_otel.adapters import mcp_v1
+
+    before = snapshot()
+    instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    patched = snapshot()
+    instrument()  # idempotent: nothing wrapped twice
+    mcp_v1.install(mcp_v1._active.recorder)  # type: ignore[union-attr]  # the adapter guards itself too
+    assert snapshot() == patched
+    assert all(a is not b for a, b in zip(before, patched, strict=True))
+    uninstrument()
+    uninstrument()  # idempotent
+    after = snapshot()
+    assert all(a is b for a, b in zip(before, after, strict=True)), [
+        f"{owner.__name__}.{name}" for (owner, name), a, b in zip(PATCHED, before, after, strict=True) if a is not b
+    ]
+    # Names that exist on the classes only by inheritance were not turned into own attributes.
+    assert "send_request" not in vars(ClientSession) and "__aexit__" not in vars(ServerSession)
+
+    count = len(otel.spans())
+    assert calls()  # still works, and nothing is measured any more
+    assert len(otel.spans()) == count
+
+
+def test_session_started_while_instrumented_survives_uninstrument(otel: Otel) -> None:
+    """A session open across uninstrument() keeps working and stops being measured."""
+    instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    try:
+
+        async def main() -> None:
+            async with create_connected_server_and_client_session(make_server()) as client:
+                await client.call_tool("text", {"n": 1})
+                uninstrument()
+                await client.call_tool("text", {"n": 2})
+
+        anyio.run(main)
+    finally:
+        uninstrument()
+    assert len([s for s in otel.spans() if s.name == "tools/call text" and s.kind is SpanKind.CLIENT]) == 1
+
+
+def test_double_instrument_one_span_per_call(otel: Otel) -> None:
+    first = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    second = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert first is second
+    try:
+
+        async def main() -> None:
+            async with create_connected_server_and_client_session(make_server()) as client:
+                await client.call_tool("text", {"n": 100})
+
+        anyio.run(main)
+    finally:
+        uninstrument()
+    spans = otel.spans()
+    assert len([s for s in spans if s.name == "tools/call text" and s.kind is SpanKind.CLIENT]) == 1
+    assert len([s for s in spans if s.name == "tools/call text" and s.kind is SpanKind.SERVER]) == 1
+    points = [
+        p
+        for p in otel.metrics()["mcp_token.message.tokens"]
+        if p.attributes.get("gen_ai.tool.name") == "text" and p.attributes["mcp_token.side"] == "client"
+    ]
+    assert sorted(p.attributes["mcp_token.direction"] for p in points) == ["input", "output"]
+    assert all(p.count == 1 for p in points)
+
+
+def test_instrument_mid_session(otel: Otel) -> None:
+    """Sessions built before instrument() are measured from then on and still end their budget on exit."""
+    recorder: Any = None
+
+    async def main() -> None:
+        nonlocal recorder
+        async with create_connected_server_and_client_session(make_server()) as client:
+            await client.call_tool("text", {"n": 1})
+            recorder = instrument(
+                make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+            )
+            await client.call_tool("text", {"n": 2})
+            assert recorder.states()["client"]["ok"] == 1
+
+    try:
+        anyio.run(main)
+    finally:
+        uninstrument()
+    (client,) = [s for s in otel.spans() if s.name == "tools/call text" and s.kind is SpanKind.CLIENT]
+    (srv,) = [s for s in otel.spans() if s.name == "tools/call text" and s.kind is SpanKind.SERVER]
+    assert srv.parent is not None and srv.parent.span_id == client.context.span_id
+    assert "mcp.protocol.version" not in client.attributes  # the initialize result was not seen
+    assert srv.attributes["mcp.protocol.version"]  # the server reads it from the session's client params
+    assert recorder.states()["client"] == {"ok": 0, "warning": 0, "exhausted": 0}
+    assert not recorder.error_counts
