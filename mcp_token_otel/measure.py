@@ -33,13 +33,14 @@ from typing import Any, Literal
 from .estimation import estimate_tokens
 from .payload import ZERO, Estimator, Size, size_text, size_value
 from .risk import (
+    BREACH_TIERS,
     DEFAULT_MAX_OVERHEAD_RATIO,
     DEFAULT_THRESHOLDS,
     RiskThresholds,
     RiskTier,
-    classify_risk,
     overhead_advisory,
     risk_advisory,
+    tier_of,
 )
 
 Direction = Literal["input", "output"]
@@ -69,7 +70,9 @@ class Policy:
 DEFAULT_POLICY = Policy()
 
 
-@dataclass(frozen=True, slots=True)
+# Block and Measurement are made on every MCP message: plain slotted dataclasses (read-only by
+# convention) build several times faster than frozen ones.
+@dataclass(slots=True)
 class Block:
     """One part of a message: its type, total tokens (data + overhead), UTF-8 bytes and overhead share."""
 
@@ -83,7 +86,7 @@ class Block:
         return self.tokens - self.overhead_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Measurement:
     """Token economics of one message."""
 
@@ -115,6 +118,7 @@ class _Builder:
         self.policy = policy
         self.blocks: list[Block] = []
         self.reasons: list[str] = []
+        self.total = self.overhead = self.bytes = 0
 
     def text(self, text: Any) -> Size:
         return size_text(text, self.policy.estimator) if isinstance(text, str) else self.value(text)
@@ -128,9 +132,11 @@ class _Builder:
         return size
 
     def add(self, type_: str, data: Size = ZERO, overhead: Size = ZERO) -> None:
-        self.blocks.append(
-            Block(type_, data.tokens + overhead.tokens, data.bytes + overhead.bytes, overhead.tokens)
-        )
+        tokens, size = data.tokens + overhead.tokens, data.bytes + overhead.bytes
+        self.blocks.append(Block(type_, tokens, size, overhead.tokens))
+        self.total += tokens
+        self.overhead += overhead.tokens
+        self.bytes += size
 
     def split(self, type_: str, obj: Mapping[str, Any], data_keys: tuple[str, ...]) -> None:
         """Add ``obj`` as one block whose ``data_keys`` are data and every other field overhead."""
@@ -148,12 +154,11 @@ class _Builder:
         tool_name: str | None,
         error_type: str | None = None,
     ) -> Measurement:
-        total = sum(b.tokens for b in self.blocks)
-        overhead = sum(b.overhead_tokens for b in self.blocks)
+        total, overhead = self.total, self.overhead
         ratio = overhead / total if total else 0.0
-        tier = classify_risk(total, self.policy.thresholds)
+        tier = tier_of(total, self.policy.thresholds)
         advisories: list[str] = []
-        if direction == "output":
+        if direction == "output" and (tier in BREACH_TIERS or ratio > self.policy.max_overhead_ratio):
             subject = f"Tool '{tool_name}'" if tool_name else f"'{method}'"
             for advice in (
                 risk_advisory(tier, total, subject),
@@ -173,8 +178,8 @@ class _Builder:
             risk_tier=tier,
             advisories=tuple(advisories),
             error_type=error_type,
-            reason="; ".join(dict.fromkeys(self.reasons)) or None,
-            bytes=sum(b.bytes for b in self.blocks),
+            reason="; ".join(dict.fromkeys(self.reasons)) if self.reasons else None,
+            bytes=self.bytes,
         )
 
 
@@ -220,16 +225,21 @@ def measure_request(method: str, params: Any, policy: Policy | None = None) -> M
     return b.finish("input", method, tool_name)
 
 
-def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> None:
+def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str, Size] | None:
+    """Add one content block; for a text block, return its text and data size (duplicate detection)."""
     blk = _as_mapping(block)
     if blk is None:
         b.add(type_prefix + "unknown", b.value(block))
-        return
+        return None
     kind = blk.get("type")
     label = type_prefix + (kind if isinstance(kind, str) else "unknown")
     if kind == "text":
-        b.split(label, blk, ("text",))
-    elif kind in ("image", "audio"):
+        text = blk.get("text")
+        data = b.text(text)
+        rest = {k: v for k, v in blk.items() if k != "text"}
+        b.add(label, data, b.value(rest) if rest else ZERO)
+        return (text, data) if isinstance(text, str) else None
+    if kind in ("image", "audio"):
         b.split(label, blk, ("data",))
     elif kind == "resource_link":
         b.split(label, blk, ("uri", "name", "title", "description"))
@@ -237,6 +247,7 @@ def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> None:
         _embedded_resource(b, blk, label)
     else:
         b.add(label, b.value(blk))
+    return None
 
 
 def _embedded_resource(b: _Builder, blk: Mapping[str, Any], label: str) -> None:
@@ -261,40 +272,44 @@ def _parsed_json(text: str) -> Any:
 _NOT_JSON = object()
 
 
-def _duplicates_text(structured: Any, texts: list[str]) -> bool:
-    """True when structuredContent repeats a text block: the same JSON, or MCPServer's {"result": text}."""
-    wrapped = structured.get("result", _NOT_JSON) if isinstance(structured, Mapping) else _NOT_JSON
-    if isinstance(structured, Mapping) and len(structured) != 1:
-        wrapped = _NOT_JSON
-    for text in texts:
-        if wrapped is not _NOT_JSON and wrapped == text:
-            return True
+def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size, bool] | None:
+    """How structuredContent repeats a text block, if it does: (that text's size, whether it is MCPServer's
+    {"result": text} wrapping of the very string, whose size is then the text's plus the wrapper's)."""
+    wrapped = _NOT_JSON
+    if isinstance(structured, Mapping) and len(structured) == 1:
+        wrapped = structured.get("result", _NOT_JSON)
+    for text, size in texts:
+        if wrapped is not _NOT_JSON and (wrapped is text or wrapped == text):
+            return size, True
         parsed = _parsed_json(text)
         if parsed is _NOT_JSON:
             continue
         try:
             if parsed == structured or (wrapped is not _NOT_JSON and parsed == wrapped):
-                return True
+                return size, False
         except RecursionError:
             continue
-    return False
+    return None
 
 
 def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
     content = result.get("content")
-    texts: list[str] = []
+    texts: list[tuple[str, Size]] = []  # text blocks and their data sizes, to spot a duplicate
     if isinstance(content, list):
         for block in content:
-            _content_block(b, block)
-            blk = _as_mapping(block)
-            if blk is not None and blk.get("type") == "text" and isinstance(blk.get("text"), str):
-                texts.append(blk["text"])
+            data = _content_block(b, block)
+            if data is not None:
+                texts.append(data)
     if "structuredContent" in result:
-        size = b.value(result["structuredContent"])
-        if _duplicates_text(result["structuredContent"], texts):
-            b.add("structuredContent", overhead=size)
+        structured = result["structuredContent"]
+        duplicate = _duplicate_of(structured, texts)
+        if duplicate is None:
+            b.add("structuredContent", b.value(structured))
+        elif duplicate[1]:  # {"result": text}: no need to estimate the same string twice
+            text, wrapper = duplicate[0], b.value({"result": ""})
+            b.add("structuredContent", overhead=Size(text.tokens + wrapper.tokens, text.bytes + wrapper.bytes))
         else:
-            b.add("structuredContent", size)
+            b.add("structuredContent", overhead=b.value(structured))
     contents = result.get("contents")
     if isinstance(contents, list):  # resources/read
         for item in contents:

@@ -25,6 +25,11 @@ Estimator = Callable[[str], int]
 INLINE_LIMIT = 256
 #: Upper bound on visited nodes; the rest of a larger value is skipped with a reason.
 MAX_NODES = 100_000
+#: Strings up to this length have their estimate cached: skeletons such as '{"type":"text"}' and tool
+#: names recur on every message, and a dict hit is ten times cheaper than estimating again.
+SHORT_CACHE_CHARS = 64
+_SHORT_CACHE_MAX = 4096
+_short_cache: dict[tuple[Estimator, str], int] = {}
 #: bytes values above this are sized from a base64 sample of their head.
 _BYTES_SAMPLE = 48 * 1024
 
@@ -52,11 +57,24 @@ def utf8_len(text: str) -> int:
     return round(len(sample.encode("utf-8", "surrogatepass")) * len(text) / len(sample))
 
 
+def estimate_cached(text: str, estimator: Estimator) -> int:
+    """``estimator(text)``, cached for short strings (bounded; cleared when full)."""
+    if len(text) > SHORT_CACHE_CHARS:
+        return estimator(text)
+    key = (estimator, text)
+    tokens = _short_cache.get(key)
+    if tokens is None:
+        if len(_short_cache) >= _SHORT_CACHE_MAX:
+            _short_cache.clear()
+        tokens = _short_cache[key] = estimator(text)
+    return tokens
+
+
 def size_text(text: str, estimator: Estimator) -> Size:
     """Size one string as it would be inserted verbatim."""
     if not text:
         return ZERO
-    return Size(estimator(text), utf8_len(text))
+    return Size(estimate_cached(text, estimator), utf8_len(text))
 
 
 def _bytes_as_base64(data: bytes | bytearray | memoryview) -> tuple[str, float]:
@@ -66,26 +84,21 @@ def _bytes_as_base64(data: bytes | bytearray | memoryview) -> tuple[str, float]:
     return base64.b64encode(raw).decode("ascii"), scale
 
 
-class _Punct:
-    """Literal skeleton text queued on the walker's stack (keys, separators, brackets)."""
+class _Lit(str):
+    """Skeleton text (keys, separators, brackets) queued on the walker's stack between values."""
 
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
+    __slots__ = ()
 
 
-class _Close(_Punct):
-    """A closing bracket; popping it also marks its container as no longer open (cycle detection)."""
+class _Exit(int):
+    """Queued after a container's items: the container (this id) is closed again (cycle detection)."""
 
-    __slots__ = ("ident",)
-
-    def __init__(self, text: str, ident: int) -> None:
-        super().__init__(text)
-        self.ident = ident
+    __slots__ = ()
 
 
-_OPEN_OBJ, _OPEN_ARR, _COMMA = _Punct("{"), _Punct("["), _Punct(",")
+_OPEN_OBJ, _OPEN_ARR, _COMMA = _Lit("{"), _Lit("["), _Lit(",")
+_CLOSE_OBJ, _CLOSE_ARR = _Lit("}"), _Lit("]")
+_SCALARS = frozenset({type(None), bool, int, float})
 
 
 def _safe_str(obj: Any) -> str:
@@ -103,8 +116,6 @@ def _plain(obj: Any) -> Any:
             return dump(mode="json", by_alias=True, exclude_none=True)
         except Exception:
             return _safe_str(obj)
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
     return _safe_str(obj)
 
 
@@ -114,17 +125,20 @@ def _push_mapping(stack: list[Any], mapping: Mapping[Any, Any]) -> None:
     except Exception:
         stack.append(_safe_str(mapping))
         return
-    stack.append(_Close("}", id(mapping)))
+    stack.append(_Exit(id(mapping)))
+    stack.append(_CLOSE_OBJ)
     for index in range(len(items) - 1, -1, -1):
         key, val = items[index]
         stack.append(val)
-        key_text = key if isinstance(key, str) else _safe_str(key)
-        stack.append(_Punct(f'"{key_text}":' if index == 0 else f',"{key_text}":'))
+        key_text = key if type(key) is str else _safe_str(key)
+        stack.append(_Lit(f'"{key_text}":' if index == 0 else f',"{key_text}":'))
     stack.append(_OPEN_OBJ)
 
 
-def _push_list(stack: list[Any], items: list[Any]) -> None:
-    stack.append(_Close("]", id(items)))
+def _push_sequence(stack: list[Any], sequence: Any) -> None:
+    items = sequence if type(sequence) is list else list(sequence)
+    stack.append(_Exit(id(sequence)))
+    stack.append(_CLOSE_ARR)
     for index in range(len(items) - 1, -1, -1):
         stack.append(items[index])
         if index:
@@ -132,59 +146,88 @@ def _push_list(stack: list[Any], items: list[Any]) -> None:
     stack.append(_OPEN_ARR)
 
 
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def _flat_skeleton(mapping: dict[Any, Any]) -> str | None:
+    """The compact JSON of a small dict of short scalars (most framing and _meta), or None."""
+    parts = []
+    for key, val in mapping.items():
+        kind = type(val)
+        if type(key) is not str:
+            return None
+        if kind is str and len(val) <= INLINE_LIMIT:
+            parts.append(f'"{key}":"{val}"')
+        elif kind is bool:
+            parts.append(f'"{key}":true' if val else f'"{key}":false')
+        elif val is None:
+            parts.append(f'"{key}":null')
+        elif kind is int or kind is float:
+            parts.append(f'"{key}":{val!r}')
+        else:
+            return None
+    return "{" + ",".join(parts) + "}"
+
+
 def size_value(value: Any, estimator: Estimator) -> Size:
     """Size ``value`` as its compact JSON would be inserted into a model's context."""
+    if type(value) is dict and len(value) <= 8:  # the hot path: framing, small _meta, arguments
+        flat = _flat_skeleton(value)
+        if flat is not None:
+            return Size(estimate_cached(flat, estimator), utf8_len(flat))
     skeleton: list[str] = []
     long_tokens = 0
     long_bytes = 0
     reasons: list[str] = []
     open_containers: set[int] = set()
     nodes = 0
-    # The stack holds values still to write, or literal punctuation to emit once a container closes.
+    # The stack holds values still to write, skeleton text (_Lit) and container exits (_Exit).
+    # Dispatch is on the exact type first: an ABC isinstance check costs about a microsecond.
     stack: list[Any] = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, _Punct):
-            skeleton.append(item.text)
-            if isinstance(item, _Close):
-                open_containers.discard(item.ident)
+        kind = type(item)
+        if kind is _Lit:
+            skeleton.append(item)
+            continue
+        if kind is _Exit:
+            open_containers.discard(item)
             continue
         nodes += 1
         if nodes > MAX_NODES:
             reasons.append(f"stopped after {MAX_NODES} nodes")
             break
-        if isinstance(item, str):
+        if kind is str:
             if len(item) <= INLINE_LIMIT:
                 skeleton.append(f'"{item}"')
             else:
                 skeleton.append('""')
                 long_tokens += estimator(item)
                 long_bytes += utf8_len(item)
-        elif item is None or isinstance(item, bool):
-            skeleton.append("null" if item is None else ("true" if item else "false"))
-        elif isinstance(item, (int, float)):
-            skeleton.append(repr(item))
-        elif isinstance(item, (bytes, bytearray, memoryview)):
-            text, scale = _bytes_as_base64(item)
-            skeleton.append('""')
-            long_tokens += round(estimator(text) * scale)
-            long_bytes += round(len(text) * scale)
-        elif isinstance(item, (Mapping, list)):
+        elif kind in _SCALARS:
+            skeleton.append("null" if item is None else ("true" if item else "false") if kind is bool else repr(item))
+        elif kind is dict or kind is list or isinstance(item, (Mapping, *_SEQUENCES)):
             if id(item) in open_containers:
                 reasons.append("circular reference skipped")
                 skeleton.append("null")
                 continue
             open_containers.add(id(item))
-            if isinstance(item, Mapping):
+            if kind is dict or (kind is not list and isinstance(item, Mapping)):
                 _push_mapping(stack, item)
             else:
-                _push_list(stack, item)
+                _push_sequence(stack, item)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            text, scale = _bytes_as_base64(item)
+            skeleton.append('""')
+            long_tokens += round(estimator(text) * scale)
+            long_bytes += round(len(text) * scale)
+        elif isinstance(item, (str, int, float)):  # subclasses (enums...): as their plain value
+            stack.append(str(item) if isinstance(item, str) else float(item) if isinstance(item, float) else int(item))
+            nodes -= 1
         else:
             stack.append(_plain(item))
             nodes -= 1
     text = "".join(skeleton)
-    tokens = long_tokens + (estimator(text) if text else 0)
+    tokens = long_tokens + (estimate_cached(text, estimator) if text else 0)
     size = long_bytes + utf8_len(text)
     return Size(tokens, size, "; ".join(dict.fromkeys(reasons)) or None)
-
-

@@ -57,7 +57,11 @@ def classify_risk(
     tokens: int, thresholds: RiskThresholds | Mapping[str, int] | Sequence[int] | None = None
 ) -> RiskTier:
     """The tier of a token count: low <= 1000 < medium <= 4000 < high <= 8000 < critical by default."""
-    t = RiskThresholds.coerce(thresholds)
+    return tier_of(tokens, RiskThresholds.coerce(thresholds))
+
+
+def tier_of(tokens: int, t: RiskThresholds) -> RiskTier:
+    """classify_risk for thresholds already validated (the per-message path)."""
     if tokens <= t.low:
         return "low"
     if tokens <= t.medium:
