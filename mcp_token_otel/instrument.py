@@ -83,9 +83,10 @@ def uninstrument() -> None:
     with _lock:
         if _state is None:
             return
-        _, adapter = _state
+        recorder, adapter = _state
         _state = None
         adapter.uninstall()
+        recorder.close()
 
 
 def active_recorder() -> TokenRecorder | None:

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
 from opentelemetry import metrics, trace
@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from .budget import BudgetUpdate, SessionBudget, SessionRegistry
 from .config import Config, build_policy
+from .deferred import DeferredSink
 from .measure import Measurement, Policy, measure_error, measure_request, measure_result
 from .risk import BREACH_TIERS
 
@@ -159,6 +160,25 @@ class OtelMetricsSink:
             description="Faults inside the instrumentation (the MCP call itself went on).",
         )
         self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
+        self._deferred: Any = None
+        # Collection runs observable callbacks before it reads the synchronous instruments, so this one
+        # drains a DeferredSink's queue first: every export (and the final one at shutdown) is complete.
+        meter.create_observable_counter(
+            "mcp_token.instrumentation.dropped",
+            callbacks=[self._drain_and_observe],
+            unit="{point}",
+            description="Metric points dropped because the background recorder's queue was full.",
+        )
+
+    def set_deferred(self, deferred: Any) -> None:
+        """Called by the DeferredSink that wraps this sink."""
+        self._deferred = deferred
+
+    def _drain_and_observe(self, _options: Any) -> Iterator[metrics.Observation]:
+        deferred = self._deferred
+        if deferred is not None:
+            deferred.flush()
+        yield metrics.Observation(deferred.dropped if deferred is not None else 0)
 
     def _cached(self, key: tuple[Any, ...], build: Callable[[], dict[str, str]]) -> dict[str, str]:
         # Attribute dicts are reused: building them per call shows up in the per-call overhead.
@@ -275,11 +295,31 @@ class TokenRecorder:
         self.error_counts: Counter[str] = Counter()
         self.sinks: list[MetricsSink] = []
         try:
-            self.add_sink(OtelMetricsSink(meter_provider, __version__))
+            otel_sink: MetricsSink = OtelMetricsSink(meter_provider, __version__)
+            if self.config.metrics.defer_otel:  # the OTel SDK's per-point cost stays off the call path
+                otel_sink = DeferredSink(otel_sink, on_error=self._fault)
+            self.add_sink(otel_sink)
         except Exception:
             self._fault("metrics")
 
     # ------------------------------------------------------------------ sinks and faults
+
+    def flush(self) -> None:
+        """Hand every deferred metric point to its sink now (tests, shutdown)."""
+        for sink in self.sinks:
+            flush = getattr(sink, "flush", None)
+            if callable(flush):
+                flush()
+
+    def close(self) -> None:
+        """Flush and stop background work (uninstrument calls this)."""
+        for sink in self.sinks:
+            close = getattr(sink, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:
+                    self._fault("metrics")
 
     def add_sink(self, sink: MetricsSink) -> None:
         """Send metrics to another sink too (e.g. a Prometheus client registry)."""

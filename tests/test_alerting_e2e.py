@@ -138,7 +138,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     prom_config = yaml.safe_load(PROMETHEUS_YML.read_text())
     prom_config["global"].update(scrape_interval="1s", evaluation_interval="1s")
     prom_config["rule_files"] = [str(tmp_path / "rules.yml")]
-    prom_config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{ports['alertmanager']}"]}]}]
+    am_target = f"127.0.0.1:{ports['alertmanager']}"
+    prom_config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [am_target]}]}]
     for job in prom_config["scrape_configs"]:
         job["scrape_interval"] = "1s"
         job["static_configs"] = [{"targets": [f"127.0.0.1:{ports['metrics']}"]}]

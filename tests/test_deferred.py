@@ -1,0 +1,124 @@
+"""Deferred metric recording: off the call path, bounded, faults counted, complete at every collection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+
+from mcp_token_otel.config import config_from_dict
+from mcp_token_otel.deferred import DeferredSink
+from mcp_token_otel.recorder import TokenRecorder
+
+
+class Recording:
+    """A sink that records calls and the trace id current during each."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], int]] = []
+        self.fail = fail
+
+    def _note(self, name: str, *args: Any) -> None:
+        if self.fail:
+            raise RuntimeError("sink down")
+        self.calls.append((name, args, trace.get_current_span().get_span_context().trace_id))
+
+    def record_message(self, *args: Any) -> None:
+        self._note("record_message", *args)
+
+    def record_breach(self, *args: Any) -> None:
+        self._note("record_breach", *args)
+
+    def record_transition(self, *args: Any) -> None:
+        self._note("record_transition", *args)
+
+    def record_session_end(self, *args: Any) -> None:
+        self._note("record_session_end", *args)
+
+    def record_error(self, *args: Any) -> None:
+        self._note("record_error", *args)
+
+
+def test_calls_are_queued_then_replayed_in_order_with_their_trace_context() -> None:
+    inner = Recording()
+    sink = DeferredSink(inner, interval=3600)  # the thread will not run during the test
+    try:
+        tracer = TracerProvider().get_tracer("t")
+        with tracer.start_as_current_span("call") as span:
+            sink.record_transition("server", "warning")
+            sink.record_session_end("server", 0.5)
+            trace_id = span.get_span_context().trace_id
+        sink.record_error("estimate")
+        assert inner.calls == []  # nothing ran inline
+        sink.flush()
+        assert [(c[0], c[1]) for c in inner.calls] == [
+            ("record_transition", ("server", "warning")),
+            ("record_session_end", ("server", 0.5)),
+            ("record_error", ("estimate",)),
+        ]
+        assert [c[2] for c in inner.calls] == [trace_id, trace_id, 0]
+    finally:
+        sink.close()
+
+
+def test_queue_is_bounded_and_drops_are_counted() -> None:
+    inner = Recording()
+    sink = DeferredSink(inner, interval=3600, max_pending=3)
+    try:
+        for _ in range(5):
+            sink.record_transition("client", "exhausted")
+        assert sink.dropped == 2
+        sink.flush()
+        assert len(inner.calls) == 3
+    finally:
+        sink.close()
+
+
+def test_a_failing_sink_is_reported_and_never_raises() -> None:
+    errors: list[str] = []
+    sink = DeferredSink(Recording(fail=True), interval=3600, on_error=errors.append)
+    sink.record_transition("server", "warning")
+    sink.record_breach("server", "tools/call", "t", "high")
+    sink.close()  # flushes
+    sink.close()  # idempotent
+    assert errors == ["metrics", "metrics"]
+
+
+def test_the_background_thread_drains_without_help() -> None:
+    inner = Recording()
+    sink = DeferredSink(inner, interval=0.01)
+    try:
+        sink.record_transition("server", "warning")
+        for _ in range(500):  # bounded: up to 5 s
+            if inner.calls:
+                break
+            sink._stop.wait(0.01)
+        assert inner.calls and inner.calls[0][0] == "record_transition"
+    finally:
+        sink.close()
+
+
+def test_real_sdk_collection_includes_queued_points_and_their_exemplars() -> None:
+    reader = InMemoryMetricReader()
+    config = config_from_dict({"estimator": "chars/4"})  # defer_otel defaults to true
+    assert config.metrics.defer_otel
+    recorder = TokenRecorder(config, TracerProvider(), MeterProvider(metric_readers=[reader]))
+    try:
+        tracer = TracerProvider().get_tracer("t")
+        with tracer.start_as_current_span("tools/call big") as span:
+            recorder.record_output(span, "server", "tools/call", "big",
+                                   result={"content": [{"type": "text", "text": "x" * 400}]}, session_id="s")
+            trace_id = span.get_span_context().trace_id
+        # No explicit flush: collecting runs the drain callback before reading the histograms.
+        data = reader.get_metrics_data()
+        points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
+                  for m in sm.metrics}
+        (point,) = points["mcp_token.message.tokens"]
+        assert point.count == 1 and point.sum >= 100
+        assert any(e.trace_id == trace_id for e in point.exemplars)
+        assert points["mcp_token.instrumentation.dropped"][0].value == 0
+    finally:
+        recorder.close()
