@@ -150,8 +150,12 @@ def _cmd_demo(args: argparse.Namespace, policy: Policy) -> int:
         quiet=args.quiet,
     )
     config = load_config(args.config)
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
-        anyio.run(run_demo, config, options)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
+            anyio.run(run_demo, config, options)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -217,8 +217,7 @@ def _ensure_tracing() -> None:
 
 async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
     """Run the demo workload; returns the final figures (also printed)."""
-    from .instrument import instrument, uninstrument
-    from .prometheus_service import start_prometheus
+    from . import instrument as shim
 
     config = dataclasses.replace(
         config,
@@ -228,14 +227,15 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
         ),
     )
     _ensure_tracing()
-    recorder = instrument(config)
+    recorder = shim.instrument(config)
     if recorder is None:
         raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
     stats = DemoStats()
     recorder.add_sink(stats)
-    service = start_prometheus(recorder, config.prometheus)
     try:
-        assert service.server is not None
+        service = shim._prometheus
+        if service is None or service.server is None:
+            raise RuntimeError(f"cannot serve /metrics on {options.metrics_host}:{options.metrics_port}")
         print(f"mcp-token-otel demo: metrics at {service.server.url}; context window {options.context_window:,} "
               f"tokens; {options.sessions} concurrent sessions at ~{options.rate:g} calls/s", file=out, flush=True)
         server = build_server(options.seed)
@@ -255,8 +255,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
         print(stats.table(), file=out, flush=True)
         return stats
     finally:
-        service.close()
-        uninstrument()
+        shim.uninstrument()
 
 
 async def _report(stats: DemoStats, interval: float, deadline: float, out: TextIO) -> None:

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _state: tuple[TokenRecorder, Any] | None = None  # (recorder, adapter module)
+_prometheus: Any = None  # the PrometheusService, once prometheus.enabled or metrics_app() asked for it
 
 
 def _has_module(name: str) -> bool:
@@ -74,7 +75,35 @@ def instrument(
         recorder = TokenRecorder(config, tracer_provider, meter_provider)
         adapter.install(recorder)
         _state = (recorder, adapter)
+        if config.prometheus.enabled:
+            _start_prometheus(recorder, serve=True)
         return recorder
+
+
+def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
+    global _prometheus
+    from .prometheus_service import start_prometheus
+
+    if _prometheus is None:
+        try:
+            _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=serve)
+        except OSError as exc:  # e.g. the port is taken: say so, and keep instrumenting
+            logger.error("mcp_token_otel: cannot serve /metrics on %s:%s: %s", recorder.config.prometheus.host,
+                         recorder.config.prometheus.port, exc)
+            _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=False)
+    return _prometheus
+
+
+def metrics_app(kind: str = "asgi") -> Any:
+    """/metrics of the active instrumentation as an ASGI (default) or WSGI app, to mount in a web server
+    you already run (e.g. next to an MCP streamable-HTTP app). Call after ``instrument()``."""
+    with _lock:
+        if _state is None:
+            raise RuntimeError("metrics_app() needs instrument() first")
+        service = _start_prometheus(_state[0], serve=False)
+    if kind not in ("asgi", "wsgi"):
+        raise ValueError(f"kind: expected 'asgi' or 'wsgi', got {kind!r}")
+    return service.asgi_app() if kind == "asgi" else service.wsgi_app()
 
 
 def uninstrument() -> None:
@@ -83,10 +112,14 @@ def uninstrument() -> None:
     with _lock:
         if _state is None:
             return
+        global _prometheus
         recorder, adapter = _state
         _state = None
         adapter.uninstall()
         recorder.close()
+        if _prometheus is not None:
+            _prometheus.close()
+            _prometheus = None
 
 
 def active_recorder() -> TokenRecorder | None:

@@ -7,6 +7,7 @@ prometheus-client's own parser.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
 import shutil
 import ssl
@@ -272,3 +273,46 @@ def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
     found = read(*pids)
     assert value(found, "mcp_token_sessions", state="ok") == 0
     assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
+
+
+def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
+    from mcp import Client
+    from mcp.server.mcpserver import MCPServer
+
+    from mcp_token_otel.instrument import instrument, metrics_app, uninstrument
+
+    if importlib.util.find_spec("mcp.shared.dispatcher") is None:
+        pytest.skip("uses the mcp 2.x client")
+    recorder = instrument(config_from_dict({"prometheus": {"enabled": True, "port": 0}}),
+                          tracer_provider=TracerProvider(), meter_provider=MeterProvider())
+    assert recorder is not None
+    try:
+        from mcp_token_otel import instrument as shim
+
+        url = shim._prometheus.server.url
+        server = MCPServer("prom")
+
+        @server.tool()
+        def dump(n: int) -> str:
+            return "word " * n
+
+        async def calls() -> None:
+            async with Client(server, mode="legacy") as client:
+                for n in (10, 12000):
+                    await client.call_tool("dump", {"n": n})
+
+        anyio.run(calls)
+        found = samples(scrape(url)[2])
+        assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output") == 2
+        assert value(found, "mcp_token_message_tokens_count", side="client", tool="dump", direction="output") == 2
+        assert value(found, "mcp_token_risk_breaches_total", side="server", tool="dump", risk_tier="critical") == 1
+        assert value(found, "mcp_token_sessions", side="server", state="ok") == 0  # the connection ended
+
+        app = metrics_app("wsgi")
+        body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": ""},
+                            lambda status, headers: None))
+        assert b"mcp_token_message_tokens_bucket" in body
+    finally:
+        uninstrument()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=5)
