@@ -6,13 +6,18 @@ exporter) and MeterProvider are installed for both arms, so the baseline pays fo
 too. Blocks of calls alternate between the arms; the table reports the median and p95 per call and the
 added time at the median.
 
-    python benchmarks/shim_overhead.py [--blocks 20] [--calls 50] [--markdown] [--profile]
+    python benchmarks/shim_overhead.py [--blocks 20] [--calls 50] [--sides both,server,client] [--markdown]
+
+``--sides``: both ends instrumented in this one process (every call is measured twice), or only the server
+(the client session's proxy is unwrapped) or only the client (the server's middleware is removed), which is
+what a process that is either an MCP server or an MCP client pays.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import pstats
 import statistics
 import time
@@ -55,11 +60,19 @@ def make_server(payload: str):  # type: ignore[no-untyped-def]
     return server
 
 
-async def block(mode: str, payload: str, calls: int) -> list[float]:
+async def block(mode: str, payload: str, calls: int, sides: str = "both") -> list[float]:
     from mcp import Client
 
+    from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy, V2Shim
+
     times = []
-    async with Client(make_server(payload), mode=mode) as client:
+    server = make_server(payload)
+    if sides == "client":
+        V2Shim.remove_middleware(server)
+    async with Client(server, mode=mode) as client:
+        dispatcher = client.session._dispatcher
+        if sides == "server" and isinstance(dispatcher, DispatcherProxy):
+            client.session._dispatcher = dispatcher._inner
         await client.call_tool("fetch", {})  # warm-up (and the SDK's implicit tools/list)
         for _ in range(calls):
             start = time.perf_counter_ns()
@@ -72,7 +85,9 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1]
 
 
-def measure(config: Config, mode: str, size: int, blocks: int, calls: int) -> dict[str, list[float]]:
+def measure(
+    config: Config, mode: str, size: int, blocks: int, calls: int, sides: str = "both"
+) -> dict[str, list[float]]:
     payload = "lorem ipsum dolor sit amet, " * (size // 28 + 1)
     payload = payload[:size]
     arms: dict[str, list[float]] = {"base": [], "shim": []}
@@ -82,7 +97,7 @@ def measure(config: Config, mode: str, size: int, blocks: int, calls: int) -> di
             if arm == "shim":
                 instrument(config)
             try:
-                arms[arm].extend(anyio.run(block, mode, payload, calls))
+                arms[arm].extend(anyio.run(block, mode, payload, calls, sides))
             finally:
                 uninstrument()
     return arms
@@ -93,6 +108,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=20)
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--modes", default="auto,legacy")
+    parser.add_argument("--sides", default="both,server,client")
     parser.add_argument("--estimator", default="default", help="estimator name")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cProfile the instrumented 2 KB auto case")
@@ -107,24 +123,27 @@ def main() -> None:
         pstats.Stats("/tmp/shim.prof").sort_stats("cumulative").print_stats(30)
         return
     rows = []
-    for mode in args.modes.split(","):
-        for label, size in SIZES.items():
-            arms = measure(config, mode, size, args.blocks, args.calls)
-            base, shim = arms["base"], arms["shim"]
-            b_med, s_med = statistics.median(base), statistics.median(shim)
-            rows.append(
-                (
-                    mode,
-                    label,
-                    f"{b_med:.0f}",
-                    f"{p95(base):.0f}",
-                    f"{s_med:.0f}",
-                    f"{p95(shim):.0f}",
-                    f"{s_med - b_med:+.0f}",
-                    f"{(s_med / b_med - 1) * 100:+.1f}%",
-                )
+    cells = itertools.product(args.sides.split(","), args.modes.split(","), SIZES.items())
+    for sides, mode, (label, size) in cells:
+        arms = measure(config, mode, size, args.blocks, args.calls, sides)
+        base, shim = arms["base"], arms["shim"]
+        b_med, s_med = statistics.median(base), statistics.median(shim)
+        rows.append(
+            (
+                sides,
+                mode,
+                label,
+                f"{b_med:.0f}",
+                f"{p95(base):.0f}",
+                f"{s_med:.0f}",
+                f"{p95(shim):.0f}",
+                f"{s_med - b_med:+.0f}",
+                f"{(s_med / b_med - 1) * 100:+.1f}%",
             )
-    header = ("mode", "result", "base med µs", "base p95", "shim med µs", "shim p95", "added µs", "added")
+        )
+    header = (
+        "instrumented", "mode", "result", "base med µs", "base p95", "shim med µs", "shim p95", "added µs", "added"
+    )
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join("---" for _ in header) + "|")

@@ -42,10 +42,8 @@ TRACER_PROVIDER = _global_tracer_provider()
 
 
 def make_config(**overrides: Any) -> Config:
-    """A transparent estimator (chars/4) so token counts are predictable; metric points recorded inline
-    so a test reads them right after the call (tests/test_deferred.py covers the deferred path)."""
-    overrides.setdefault("metrics", {})
-    overrides["metrics"].setdefault("defer_otel", False)
+    """A transparent estimator (chars/4) so token counts are predictable. Metric points are deferred as
+    by default: reading the metrics (a collection) drains the queue first."""
     return config_from_dict({"estimator": "chars/4", **overrides})
 
 
