@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from .support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy/prometheus/rules/mcp-token-otel.rules.yml"
@@ -62,12 +63,6 @@ def scaled_rules() -> dict[str, Any]:
                 if key in rule:
                     rule[key] = scaled(rule[key])
     return rules
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Webhook:

@@ -7,19 +7,18 @@ mcp 1.x emits no spans of its own, so every span comes from the tracer provider 
 from __future__ import annotations
 
 import importlib.util
-import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from mcp_token_otel.config import Config, config_from_dict
+# Re-exported for the test modules, which import them from here.
+from ..support import Otel, free_port, instrumented_session, make_config, no_usage_attributes, otel_session
+
+__all__ = ["Otel", "free_port", "make_config", "no_usage_attributes"]
 
 # Feature detection, as instrument() does it: the dispatcher package exists only in mcp 2.x.
 IS_MCP_V2 = importlib.util.find_spec("mcp.shared.dispatcher") is not None
@@ -32,58 +31,12 @@ TRACER_PROVIDER = TracerProvider()
 TRACER_PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
 
 
-def make_config(**overrides: Any) -> Config:
-    """A transparent estimator (chars/4) so token counts are predictable."""
-    return config_from_dict({"estimator": "chars/4", **overrides})
-
-
-@dataclass
-class Otel:
-    exporter: InMemorySpanExporter
-    reader: InMemoryMetricReader
-    tracer_provider: TracerProvider
-    meter_provider: MeterProvider
-
-    def spans(self) -> list[ReadableSpan]:
-        return list(self.exporter.get_finished_spans())
-
-    def metrics(self) -> dict[str, list[Any]]:
-        """Metric name -> data points (with .attributes)."""
-        out: dict[str, list[Any]] = {}
-        data = self.reader.get_metrics_data()
-        for rm in data.resource_metrics if data else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    out.setdefault(metric.name, []).extend(metric.data.data_points)
-        return out
-
-
 @pytest.fixture
 def otel() -> Iterator[Otel]:
-    EXPORTER.clear()
-    reader = InMemoryMetricReader()
-    meter_provider = MeterProvider(metric_readers=[reader])
-    yield Otel(EXPORTER, reader, TRACER_PROVIDER, meter_provider)
-    EXPORTER.clear()
-    meter_provider.shutdown()
+    yield from otel_session(EXPORTER, TRACER_PROVIDER)
 
 
 @pytest.fixture
 def instrumented(otel: Otel) -> Iterator[Any]:
     """instrument() with chars/4 and the test providers; uninstrument() afterwards."""
-    from mcp_token_otel.instrument import instrument, uninstrument
-
-    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
-    yield recorder
-    uninstrument()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def no_usage_attributes(attributes: Any) -> bool:
-    """The shim never writes gen_ai.usage.* (that namespace is for counts a model reports)."""
-    return not any(k.startswith("gen_ai.usage") for k in attributes or {})
+    yield from instrumented_session(otel)

@@ -1,0 +1,72 @@
+"""Helpers shared by the test suites: OpenTelemetry handles, a predictable config, a free port."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from mcp_token_otel.config import Config, config_from_dict
+
+
+def make_config(**overrides: Any) -> Config:
+    """A transparent estimator (chars/4) so token counts are predictable. Metric points are deferred as
+    by default: reading the metrics (a collection) drains the queue first."""
+    return config_from_dict({"estimator": "chars/4", **overrides})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def no_usage_attributes(attributes: Any) -> bool:
+    """The shim never writes gen_ai.usage.* (that namespace is for counts a model reports)."""
+    return not any(k.startswith("gen_ai.usage") for k in attributes or {})
+
+
+@dataclass
+class Otel:
+    exporter: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
+    meter_provider: MeterProvider
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Metric name -> data points (with .attributes)."""
+        out: dict[str, list[Any]] = {}
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    out.setdefault(metric.name, []).extend(metric.data.data_points)
+        return out
+
+
+def otel_session(exporter: InMemorySpanExporter, tracer_provider: TracerProvider) -> Iterator[Otel]:
+    """Body of an ``otel`` fixture: spans from the suite's provider, fresh metrics for each test."""
+    exporter.clear()
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Otel(exporter, reader, tracer_provider, meter_provider)
+    exporter.clear()
+    meter_provider.shutdown()
+
+
+def instrumented_session(otel: Otel) -> Iterator[Any]:
+    """Body of an ``instrumented`` fixture: instrument() with chars/4 and the test providers."""
+    from mcp_token_otel.instrument import instrument, uninstrument
+
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    yield recorder
+    uninstrument()
