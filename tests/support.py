@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -25,6 +28,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def require_binary(*names: str) -> str:
+    """The path of the first of ``names`` on PATH; missing fails under CI (scripts/system-deps installs it)
+    and skips elsewhere."""
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{names[0]} is missing: scripts/system-deps installs it")
+    pytest.skip(f"{names[0]} not installed")
 
 
 def no_usage_attributes(attributes: Any) -> bool:

@@ -9,9 +9,7 @@ timings) so the alerts fire and resolve in about two minutes instead of hours.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .support import free_port
+from .support import free_port, require_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy/prometheus/rules/mcp-token-otel.rules.yml"
@@ -35,16 +33,6 @@ ALERTMANAGER_YML = ROOT / "deploy/alertmanager/alertmanager.yml"
 SCALE = 30  # 10m -> 20s, 1h -> 2m, 6h -> 12m
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _binary(*names: str) -> str:
-    for name in names:
-        path = shutil.which(name)
-        if path:
-            return path
-    if os.environ.get("CI"):
-        pytest.fail(f"{names[0]} is missing: scripts/system-deps installs it")
-    pytest.skip(f"{names[0]} not installed")
 
 
 def scaled(duration: str) -> str:
@@ -113,8 +101,8 @@ def http_ok(url: str) -> bool:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    prometheus = _binary("prometheus")
-    alertmanager = _binary("prometheus-alertmanager", "alertmanager")
+    prometheus = require_binary("prometheus")
+    alertmanager = require_binary("prometheus-alertmanager", "alertmanager")
     webhook = Webhook()
     ports = {name: free_port() for name in ("metrics", "prometheus", "alertmanager")}
 
