@@ -63,6 +63,7 @@ A_ADVISORY = "mcp_token.advisory"
 M_SIDE = "mcp_token.side"
 M_DIRECTION = "mcp_token.direction"
 M_STAGE = "mcp_token.stage"
+M_SCOPE = "mcp_token.scope"
 EVENT_RISK = "mcp_token.risk"
 EVENT_BUDGET = "mcp_token.budget"
 
@@ -125,9 +126,18 @@ class MetricsSink(Protocol):
 class OtelMetricsSink:
     """A :class:`MetricsSink` on an OpenTelemetry Meter."""
 
-    def __init__(self, meter_provider: metrics.MeterProvider | None = None, version: str = "") -> None:
+    def __init__(
+        self,
+        meter_provider: metrics.MeterProvider | None = None,
+        version: str = "",
+        *,
+        states: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+        rate_budgets: Mapping[str, float] | None = None,
+    ) -> None:
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter(SCOPE_NAME, version)
+        self._states = states
+        self._rate_budgets = dict(rate_budgets or {})
         self._tokens = meter.create_histogram(
             "mcp_token.message.tokens",
             unit="{token}",
@@ -145,6 +155,22 @@ class OtelMetricsSink:
             unit="1",
             description="Share of the context window a session had used when it ended.",
             explicit_bucket_boundaries_advisory=UTILIZATION_BUCKETS,
+        )
+        # The same families as the Prometheus endpoint, so dashboards and alerts work through a Collector.
+        self._token_total = meter.create_counter(
+            "mcp_token.tokens", unit="{token}", description="Estimated tokens of MCP messages."
+        )
+        meter.create_observable_gauge(
+            "mcp_token.sessions",
+            callbacks=[self._observe_sessions],
+            unit="{session}",
+            description="Live MCP sessions per context-window budget state.",
+        )
+        meter.create_observable_gauge(
+            "mcp_token.output_rate_budget",
+            callbacks=[self._observe_budgets],
+            unit="{token}/s",
+            description="Configured sustained output-token budget (for alerting).",
         )
         self._breaches = meter.create_counter(
             "mcp_token.risk.breaches", unit="{message}", description="Responses in the high or critical tier."
@@ -169,6 +195,17 @@ class OtelMetricsSink:
             unit="{point}",
             description="Metric points dropped because the background recorder's queue was full.",
         )
+
+    def _observe_sessions(self, _options: Any) -> Iterator[metrics.Observation]:
+        if self._states is None:
+            return
+        for side, counts in self._states().items():
+            for state, count in counts.items():
+                yield metrics.Observation(count, {M_SIDE: side, A_SESSION_STATE: state})
+
+    def _observe_budgets(self, _options: Any) -> Iterator[metrics.Observation]:
+        for scope, budget in self._rate_budgets.items():
+            yield metrics.Observation(budget, {M_SCOPE: scope})
 
     def set_deferred(self, deferred: Any) -> None:
         """Called by the DeferredSink that wraps this sink."""
@@ -202,6 +239,11 @@ class OtelMetricsSink:
 
         attrs = self._cached(("m", side, method, tool, direction, tier), build)
         self._tokens.record(measurement.total_tokens, attrs)
+
+        def build_total() -> dict[str, str]:
+            return {k: v for k, v in attrs.items() if k != A_RISK_TIER}
+
+        self._token_total.add(measurement.total_tokens, self._cached(("t", side, method, tool, direction), build_total))
         if direction == "output":
             self._overhead.record(measurement.overhead_ratio, attrs)
 
@@ -295,7 +337,13 @@ class TokenRecorder:
         self.error_counts: Counter[str] = Counter()
         self.sinks: list[MetricsSink] = []
         try:
-            otel_sink: MetricsSink = OtelMetricsSink(meter_provider, __version__)
+            prom = self.config.prometheus
+            otel_sink: MetricsSink = OtelMetricsSink(
+                meter_provider,
+                __version__,
+                states=self.states,
+                rate_budgets={"tool": prom.tool_output_rate_budget, "service": prom.service_output_rate_budget},
+            )
             if self.config.metrics.defer_otel:  # the OTel SDK's per-point cost stays off the call path
                 otel_sink = DeferredSink(otel_sink, on_error=self._fault)
             self.add_sink(otel_sink)

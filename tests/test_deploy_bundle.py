@@ -282,7 +282,7 @@ def test_collector_renames_every_metric_attribute_to_the_prometheus_label() -> N
     renames = {
         recorder.M_SIDE: "side", recorder.A_METHOD: "method", recorder.A_TOOL: "tool",
         recorder.M_DIRECTION: "direction", recorder.A_RISK_TIER: "risk_tier", recorder.A_SESSION_STATE: "state",
-        recorder.M_STAGE: "stage",
+        recorder.M_STAGE: "stage", recorder.M_SCOPE: "scope",
     }
     for attribute, label in renames.items():
         assert f'set(attributes["{label}"], attributes["{attribute}"])' in statements, attribute

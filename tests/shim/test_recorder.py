@@ -191,3 +191,21 @@ def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
     assert rec.record_output(None, "client", "tools/call", None, result=object()) is not None
     rec.end_session("server", "never-seen")
     rec.end_span(None)
+
+
+def test_otel_metrics_carry_the_same_families_as_the_prometheus_endpoint(otel: Otel) -> None:
+    """Through a Collector the dashboards and alerts need tokens, live sessions and the budgets too."""
+    rec = TokenRecorder(make_config(prometheus={"tool_output_rate_budget": 42}), otel.tracer_provider,
+                        otel.meter_provider)
+    rec.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x" * 40}]},
+                      session_id="s1")
+    found = otel.metrics()
+    (total,) = found["mcp_token.tokens"]
+    assert total.value >= 10 and "mcp_token.risk_tier" not in total.attributes
+    assert total.attributes["gen_ai.tool.name"] == "t" and total.attributes["mcp_token.direction"] == "output"
+    sessions = {(p.attributes["mcp_token.side"], p.attributes["mcp_token.session.state"]): p.value
+                for p in found["mcp_token.sessions"]}
+    assert sessions[("server", "ok")] == 1 and sessions[("client", "ok")] == 0
+    budgets = {p.attributes["mcp_token.scope"]: p.value for p in found["mcp_token.output_rate_budget"]}
+    assert budgets == {"tool": 42, "service": 500}
+    rec.close()
