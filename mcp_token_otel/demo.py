@@ -233,7 +233,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
     stats = DemoStats()
     recorder.add_sink(stats)
     try:
-        service = shim._prometheus
+        service = shim.prometheus_service()
         if service is None or service.server is None:
             raise RuntimeError(f"cannot serve /metrics on {options.metrics_host}:{options.metrics_port}")
         print(f"mcp-token-otel demo: metrics at {service.server.url}; context window {options.context_window:,} "

@@ -94,6 +94,11 @@ def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
     return _prometheus
 
 
+def prometheus_service() -> Any:
+    """The running Prometheus service (its ``server.url``, registry and apps), or None."""
+    return _prometheus
+
+
 def metrics_app(kind: str = "asgi") -> Any:
     """/metrics of the active instrumentation as an ASGI (default) or WSGI app, to mount in a web server
     you already run (e.g. next to an MCP streamable-HTTP app). Call after ``instrument()``."""

@@ -287,9 +287,9 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
                           tracer_provider=TracerProvider(), meter_provider=MeterProvider())
     assert recorder is not None
     try:
-        from mcp_token_otel import instrument as shim
+        from mcp_token_otel.instrument import prometheus_service
 
-        url = shim._prometheus.server.url
+        url = prometheus_service().server.url
         server = MCPServer("prom")
 
         @server.tool()
