@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
@@ -40,6 +41,7 @@ RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 UTILIZATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 MAX_LABEL_CHARS = 128
 _BREACH_TIERS = tuple(sorted(BREACH_TIERS))
+_MAX_CACHED_SERIES = 10_000
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: Live sessions per side and state, as the recorder reports them.
@@ -141,6 +143,7 @@ class PrometheusMetrics:
         )
         budget.labels("tool").set(tool_output_rate_budget)
         budget.labels("service").set(service_output_rate_budget)
+        self._series: dict[tuple[str, str, str | None, str, str], tuple[Any, ...]] = {}
         self._live_sessions: Gauge | None = None
         if states is not None:
             if self._multiprocess:
@@ -158,21 +161,34 @@ class PrometheusMetrics:
             for state in ("warning", "exhausted"):
                 self.transitions.labels(side, state)
 
+    def _children(self, side: str, method: str, tool: str | None, direction: str, tier: str) -> tuple[Any, ...]:
+        """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
+        key = (side, method, tool, direction, tier)
+        children = self._series.get(key)
+        if children is None:
+            method_label, tool_label = label_value(method), label_value(tool)
+            children = (
+                self.message_tokens.labels(side, method_label, tool_label, direction, tier),
+                self.tokens.labels(side, method_label, tool_label, direction),
+                self.overhead.labels(side, method_label, tool_label) if direction == "output" else None,
+            )
+            if direction == "output":
+                for breach_tier in _BREACH_TIERS:  # exist at 0 before a first breach, for increase()
+                    self.breaches.labels(side, method_label, tool_label, breach_tier)
+            if len(self._series) >= _MAX_CACHED_SERIES:  # labels are bounded upstream; this bounds the cache too
+                self._series.clear()
+            self._series[key] = children
+        return children
+
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
     ) -> None:
-        method_label, tool_label = label_value(method), label_value(tool)
+        tokens_hist, tokens_total, overhead = self._children(side, method, tool, direction, measurement.risk_tier)
         exemplar = None if self._multiprocess else _exemplar()
-        tokens = measurement.total_tokens
-        self.message_tokens.labels(side, method_label, tool_label, direction, measurement.risk_tier).observe(
-            tokens, exemplar
-        )
-        self.tokens.labels(side, method_label, tool_label, direction).inc(tokens)
-        if direction == "output":
-            self.overhead.labels(side, method_label, tool_label).observe(measurement.overhead_ratio, exemplar)
-            if measurement.risk_tier not in _BREACH_TIERS:  # first sight of a calm tool: its breach series exist at 0
-                for tier in _BREACH_TIERS:
-                    self.breaches.labels(side, method_label, tool_label, tier)
+        tokens_hist.observe(measurement.total_tokens, exemplar)
+        tokens_total.inc(measurement.total_tokens)
+        if overhead is not None:
+            overhead.observe(measurement.overhead_ratio, exemplar)
         if self._live_sessions is not None and self._states is not None:
             for session_side, counts in self._states().items():
                 for state in BUDGET_STATES:
