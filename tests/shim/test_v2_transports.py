@@ -177,3 +177,38 @@ def test_streamable_http_client_session(otel: Otel, instrumented: Any) -> None:
     assert init.attributes["mcp.session.id"] == client.attributes["mcp.session.id"]
     assert srv_init.attributes["mcp.session.id"] == client.attributes["mcp.session.id"]
     assert init.attributes["mcp.protocol.version"] == "2025-11-25"
+
+
+def test_sse(otel: Otel, instrumented: Any) -> None:
+    """The SSE transport (GET /sse + POST /messages/): one trace across client and server, both measured."""
+    from mcp import ClientSession
+    from mcp.client.sse import sse_client
+
+    port = free_port()
+    app = http_server().sse_app()
+
+    async def main() -> None:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                server = await serve(tg, app, port)
+                try:
+                    async with sse_client(f"http://127.0.0.1:{port}/sse") as (read, write), ClientSession(
+                        read, write
+                    ) as session:
+                        await session.initialize()
+                        result = await session.call_tool("echo", {"text": "sse" * 200})
+                        assert result.content[0].text == "sse" * 200
+                finally:
+                    server.should_exit = True
+
+    anyio.run(main)
+    spans = otel.spans()
+    (client,) = [s for s in spans if s.name == "tools/call echo" and s.kind is SpanKind.CLIENT]
+    (srv,) = [s for s in spans if s.name == "tools/call echo" and s.kind is SpanKind.SERVER]
+    assert srv.parent is not None and srv.parent.span_id == client.context.span_id
+    assert srv.context.trace_id == client.context.trace_id
+    assert srv.attributes["network.transport"] == "tcp"
+    for span in (client, srv):
+        assert span.attributes["mcp_token.output_tokens"] >= 150  # 600 chars at chars/4, plus framing
+        assert span.attributes["mcp_token.input_tokens"] > 0
+        assert span.attributes["gen_ai.operation.name"] == "execute_tool"
