@@ -78,11 +78,28 @@ def metrics_asgi_app(registry: CollectorRegistry, auth: BasicAuth | None = None)
     return guarded
 
 
+#: Seconds a client may take for the TLS handshake or to send its request.
+CLIENT_TIMEOUT = 10.0
+
+
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # Runs in the connection's own thread: a TLS handshake here (not in accept()) cannot stall other
+        # scrapes, and the timeout bounds a client that connects and never speaks.
+        request.settimeout(CLIENT_TIMEOUT)
+        if isinstance(request, ssl.SSLSocket):
+            request.do_handshake()
+        super().finish_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hangs up or fails the handshake is its own problem, not worth a traceback
+
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CLIENT_TIMEOUT
+
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line each
         pass
 
@@ -114,7 +131,7 @@ class MetricsServer:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(tls_cert_file, tls_key_file)
-            httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
             scheme = "https"
         thread = threading.Thread(target=httpd.serve_forever, name="mcp-token-otel-metrics", daemon=True)
         thread.start()

@@ -103,9 +103,10 @@ _SCALARS = frozenset({type(None), bool, int, float})
 
 def _safe_str(obj: Any) -> str:
     try:
-        return str(obj)
+        text = str(obj)
     except Exception:
         return f"<{type(obj).__name__}>"
+    return str.__str__(text) if isinstance(text, str) else f"<{type(obj).__name__}>"
 
 
 def _plain(obj: Any) -> Any:
@@ -113,9 +114,11 @@ def _plain(obj: Any) -> Any:
     dump = getattr(obj, "model_dump", None)
     if callable(dump):
         try:
-            return dump(mode="json", by_alias=True, exclude_none=True)
+            dumped = dump(mode="json", by_alias=True, exclude_none=True)
         except Exception:
             return _safe_str(obj)
+        if type(dumped) in (dict, list, str, int, float, bool, type(None)):
+            return dumped
     return _safe_str(obj)
 
 
@@ -221,12 +224,13 @@ def size_value(value: Any, estimator: Estimator) -> Size:
             skeleton.append('""')
             long_tokens += round(estimator(text) * scale)
             long_bytes += round(len(text) * scale)
-        elif isinstance(item, (str, int, float)):  # subclasses (enums...): as their plain value
-            stack.append(str(item) if isinstance(item, str) else float(item) if isinstance(item, float) else int(item))
-            nodes -= 1
+        elif isinstance(item, str):  # subclasses (enums...): the base-class conversion always gives an exact str
+            stack.append(str.__str__(item))
+        elif isinstance(item, (int, float)):
+            stack.append(float.__float__(item) if isinstance(item, float) else int.__int__(item))
         else:
+            # Every conversion counts as a node, so a value that converts to itself cannot loop forever.
             stack.append(_plain(item))
-            nodes -= 1
     text = "".join(skeleton)
     tokens = long_tokens + (estimate_cached(text, estimator) if text else 0)
     size = long_bytes + utf8_len(text)

@@ -80,3 +80,19 @@ def test_utf8_len_samples_huge_non_ascii_strings() -> None:
     huge = "日本" * 3_000_000
     assert abs(utf8_len(huge) - 18_000_000) < 18_000
     assert size_text("", chars4).tokens == 0
+
+
+def test_values_that_convert_to_themselves_cannot_loop() -> None:
+    class SelfStr(str):
+        def __str__(self) -> str:
+            return self
+
+    class SelfDump:
+        def model_dump(self, **_: object) -> object:
+            return self
+
+        def __str__(self) -> str:
+            return "self-dump"
+
+    size = size_value({"q": SelfStr("abc"), "m": SelfDump(), "n": [SelfStr("x")] * 3}, chars4)
+    assert size.bytes == len('{"q":"abc","m":"self-dump","n":["x","x","x"]}') and size.reason is None

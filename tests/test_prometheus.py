@@ -10,6 +10,7 @@ import base64
 import importlib.util
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -198,13 +199,15 @@ def test_tls(tmp_path: Path) -> None:
                    check=True, capture_output=True, timeout=60)
     _, sink = make_recorder()
     server = MetricsServer.start("127.0.0.1", 0, sink.registry, tls_cert_file=str(cert), tls_key_file=str(key))
+    idle = socket.create_connection((server.host, server.port))  # connects and never sends a ClientHello
     try:
         assert server.url.startswith("https://")
         context = ssl.create_default_context(cafile=str(cert))
-        status, _, body = scrape(server.url, context=context)
+        status, _, body = scrape(server.url, context=context)  # not stuck behind the idle connection
         assert status == 200 and "mcp_token_sessions" in body
     finally:
-        server.close()
+        server.close()  # returns although the idle connection is still open
+        idle.close()
 
 
 def _promtool() -> str:
