@@ -129,7 +129,7 @@ def _cmd_profile(args: argparse.Namespace, policy: Policy) -> int:
 
 def _cmd_config(args: argparse.Namespace, policy: Policy) -> int:
     config = load_config(args.config)
-    print(yaml.safe_dump(config_as_dict(config), sort_keys=False), end="")
+    print(yaml.safe_dump(config_as_dict(config, hide_secrets=True), sort_keys=False), end="")
     return 0
 
 

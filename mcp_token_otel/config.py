@@ -133,6 +133,14 @@ class Config:
 # Loading
 
 
+#: Keys whose values never appear in messages or in `mcp-token-otel config` output.
+SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
+
+
+def _shown(path: str, value: Any) -> str:
+    return "<hidden>" if path in SECRET_KEYS else repr(value)
+
+
 def _type_name(value: Any) -> str:
     return type(value).__name__
 
@@ -155,7 +163,7 @@ def _expect_type(path: str, value: Any, hint: Any) -> Any:
     else:
         raise TypeError(f"unsupported config annotation {hint!r} at {path}")
     if not ok:
-        raise ConfigError(f"config key '{path}': expected {words}, got {value!r} ({_type_name(value)})")
+        raise ConfigError(f"config key '{path}': expected {words}, got {_shown(path, value)} ({_type_name(value)})")
     return value
 
 
@@ -187,7 +195,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
         value = _expect_type(key_path, value, hint)
         meta = fields[key].metadata
         if meta and not meta["ok"](value):
-            raise ConfigError(f"config key '{key_path}': expected {meta['expect']}, got {value!r}")
+            raise ConfigError(f"config key '{key_path}': expected {meta['expect']}, got {_shown(key_path, value)}")
         kwargs[key] = value
     try:
         return cls(**kwargs)
@@ -210,6 +218,13 @@ def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[
     return out
 
 
+def _leaf_type(path: tuple[str, ...]) -> Any:
+    cls: Any = Config
+    for part in path:
+        cls = typing.get_type_hints(cls)[part]
+    return cls
+
+
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     known = env_keys()
     for name, raw in env.items():
@@ -219,10 +234,13 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
             close = difflib.get_close_matches(name, list(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown environment variable {name}{hint}")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        if _leaf_type(known[name]) is str:
+            value: Any = raw  # kept verbatim: a password "12345678" or a host "0x1F" is text, not a number
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw.strip() else None
+            except yaml.YAMLError:
+                value = raw
         *parents, leaf = known[name]
         node = data
         for part in parents:
@@ -231,8 +249,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
                 child = {}
                 node[part] = child
             node = child
-        # A string-typed key keeps the raw text (e.g. an estimator name that YAML would not alter anyway).
-        node[leaf] = raw if isinstance(value, str) or value is None else value
+        node[leaf] = raw if value is None else value
 
 
 def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
@@ -263,9 +280,15 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
     return _build(Config, dict(data), "")
 
 
-def config_as_dict(config: Config) -> dict[str, Any]:
-    """The configuration as plain data, suitable for YAML."""
-    return dataclasses.asdict(config)
+def config_as_dict(config: Config, *, hide_secrets: bool = False) -> dict[str, Any]:
+    """The configuration as plain data, suitable for YAML; secrets masked with ``hide_secrets``."""
+    data = dataclasses.asdict(config)
+    if hide_secrets:
+        for key in SECRET_KEYS:
+            section, leaf = key.split(".")
+            if data[section][leaf]:
+                data[section][leaf] = "<hidden>"
+    return data
 
 
 def build_policy(config: Config) -> Policy:

@@ -87,3 +87,17 @@ def test_bad_files_and_env(tmp_path: Path) -> None:
 def test_round_trip_through_plain_data() -> None:
     config = config_from_dict({"budget": {"context_window": 5000}})
     assert config_from_dict(config_as_dict(config)) == config
+
+
+def test_string_keys_from_the_environment_stay_text_and_secrets_are_never_echoed() -> None:
+    config = load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_USERNAME": "true",
+                              "MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_PASSWORD": "12345678",
+                              "MCP_TOKEN_OTEL_PROMETHEUS_HOST": "0x1F"})
+    assert config.prometheus.basic_auth_password == "12345678" and config.prometheus.basic_auth_username == "true"
+    assert config.prometheus.host == "0x1F"
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"prometheus": {"basic_auth_username": "u", "basic_auth_password": 12345678}})
+    assert "12345678" not in str(info.value) and "<hidden>" in str(info.value)
+    shown = config_as_dict(config, hide_secrets=True)
+    assert shown["prometheus"]["basic_auth_password"] == "<hidden>"
+    assert config_as_dict(config)["prometheus"]["basic_auth_password"] == "12345678"
