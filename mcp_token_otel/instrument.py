@@ -7,6 +7,7 @@ in mcp 2.x, ``mcp.shared.session`` only in 1.x. An adapter module exposes ``inst
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -69,11 +70,18 @@ def instrument(
             return None
         try:
             adapter = importlib.import_module(name)
-        except ImportError:
-            logger.warning("mcp_token_otel: adapter %s is not available; nothing instrumented", name)
+        except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
+            logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
             return None
         recorder = TokenRecorder(config, tracer_provider, meter_provider)
-        adapter.install(recorder)
+        try:
+            adapter.install(recorder)
+        except Exception:
+            logger.warning("mcp_token_otel: cannot hook the mcp SDK; nothing instrumented", exc_info=True)
+            with contextlib.suppress(Exception):
+                adapter.uninstall()  # restore whatever was patched before the failure
+            recorder.close()
+            return None
         _state = (recorder, adapter)
         if config.prometheus.enabled:
             _start_prometheus(recorder, serve=True)
@@ -85,12 +93,7 @@ def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
     from .prometheus_service import start_prometheus
 
     if _prometheus is None:
-        try:
-            _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=serve)
-        except OSError as exc:  # e.g. the port is taken: say so, and keep instrumenting
-            logger.error("mcp_token_otel: cannot serve /metrics on %s:%s: %s", recorder.config.prometheus.host,
-                         recorder.config.prometheus.port, exc)
-            _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=False)
+        _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=serve)
     return _prometheus
 
 

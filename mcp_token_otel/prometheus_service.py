@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -10,6 +11,8 @@ from .config import PrometheusConfig
 from .metrics_server import AsgiApp, BasicAuth, MetricsServer, WsgiApp, metrics_asgi_app, metrics_wsgi_app
 from .prometheus_metrics import PrometheusMetrics, multiprocess_mode, multiprocess_registry
 from .recorder import TokenRecorder
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,12 +53,15 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
     auth = BasicAuth(config.basic_auth_username, config.basic_auth_password) if config.basic_auth_username else None
     service = PrometheusService(metrics, registry, auth)
     if serve:
-        service.server = MetricsServer.start(
-            config.host,
-            config.port,
-            registry,
-            auth=auth,
-            tls_cert_file=config.tls_cert_file or None,
-            tls_key_file=config.tls_key_file or None,
-        )
+        try:
+            service.server = MetricsServer.start(
+                config.host,
+                config.port,
+                registry,
+                auth=auth,
+                tls_cert_file=config.tls_cert_file or None,
+                tls_key_file=config.tls_key_file or None,
+            )
+        except Exception as exc:  # port taken, unreadable certificate...: say so, keep instrumenting
+            logger.error("mcp_token_otel: cannot serve /metrics on %s:%s: %s", config.host, config.port, exc)
     return service
