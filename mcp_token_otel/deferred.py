@@ -37,6 +37,7 @@ class DeferredSink:
         self._on_error = on_error
         self._pending: deque[tuple[str, tuple[Any, ...], Any]] = deque()
         self._drain_lock = threading.Lock()
+        self._enqueue_lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
         set_deferred = getattr(sink, "set_deferred", None)
@@ -47,10 +48,12 @@ class DeferredSink:
         atexit.register(self.close)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
 
     def _enqueue(self, name: str, *args: Any) -> None:
-        if len(self._pending) >= self._max_pending:
-            self.dropped += 1
-            return
-        self._pending.append((name, args, otel_context.get_current()))
+        item = (name, args, otel_context.get_current())
+        with self._enqueue_lock:  # the bound and the drop count stay exact with many producers
+            if len(self._pending) >= self._max_pending:
+                self.dropped += 1
+                return
+            self._pending.append(item)
 
     def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
         self._enqueue("record_message", side, method, tool, direction, m)
@@ -70,7 +73,8 @@ class DeferredSink:
     def flush(self) -> None:
         """Replay everything queued so far (the thread does this every interval)."""
         with self._drain_lock:
-            while self._pending:
+            # What is queued now, not what producers add meanwhile: a flush always ends.
+            for _ in range(len(self._pending)):
                 name, args, ctx = self._pending.popleft()
                 token = otel_context.attach(ctx)
                 try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Protocol
 
@@ -34,6 +34,15 @@ SIDES: tuple[Side, ...] = ("client", "server")
 SCOPE_NAME = "mcp_token_otel"
 #: Distinct method names kept as a metric label; a peer can send arbitrary methods.
 MAX_METHODS = 64
+#: Methods of the MCP specification: always metric labels (other methods need a successful response first).
+SPEC_METHODS = (
+    "initialize", "ping", "server/discover", "tools/list", "tools/call", "resources/list", "resources/read",
+    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
+    "completion/complete", "logging/setLevel", "sampling/createMessage", "elicitation/create", "roots/list",
+    "subscriptions/listen", "notifications/initialized", "notifications/cancelled", "notifications/progress",
+    "notifications/message", "notifications/resources/updated", "notifications/resources/list_changed",
+    "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/roots/list_changed",
+)
 
 # Span attributes (OTel MCP semantic conventions, then this project's estimates).
 A_METHOD = "mcp.method.name"
@@ -267,7 +276,11 @@ class OtelMetricsSink:
 
 
 class NameLimiter:
-    """Keeps the first ``limit`` distinct names; later ones map to ``overflow`` (bounded cardinality)."""
+    """Keeps the first ``limit`` distinct names admitted; other names map to ``overflow`` (bounded cardinality).
+
+    Only ``admit=True`` lookups take a free place: the recorder admits a name when a response to it succeeds,
+    so a client calling tools that do not exist (agents invent tool names) cannot use up the places.
+    """
 
     def __init__(self, limit: int, overflow: str) -> None:
         self.limit = limit
@@ -275,13 +288,14 @@ class NameLimiter:
         self._kept: set[str] = set()
         self._lock = threading.Lock()
 
-    def __call__(self, name: str | None) -> str | None:
+    def __call__(self, name: str | None, admit: bool = True) -> str | None:
         if name is None or name in self._kept:
             return name
-        with self._lock:
-            if len(self._kept) < self.limit:
-                self._kept.add(name)
-                return name
+        if admit:
+            with self._lock:
+                if len(self._kept) < self.limit:
+                    self._kept.add(name)
+                    return name
         return self.overflow
 
 
@@ -319,9 +333,12 @@ class TokenRecorder:
         self.tool_names = NameLimiter(
             self.config.metrics.max_tool_names, self.config.metrics.overflow_tool_name
         )
-        self.method_names = NameLimiter(MAX_METHODS, self.config.metrics.overflow_tool_name)
+        self.method_names = NameLimiter(MAX_METHODS + len(SPEC_METHODS), self.config.metrics.overflow_tool_name)
+        for spec_method in SPEC_METHODS:
+            self.method_names(spec_method)
         budget = self.config.budget
         self._budget_lock = threading.Lock()
+        self._ended: deque[tuple[str, float]] = deque()  # sessions ended under the lock, to report after it
         self.sessions: dict[str, SessionRegistry] = {
             side: SessionRegistry(
                 budget.context_window,
@@ -485,6 +502,8 @@ class TokenRecorder:
         except Exception:
             self._fault("estimate")
             return None
+        if method == "tools/list" and error is None:
+            self._admit_declared_tools(result)
         update = self._budget(side, session_id, measurement.total_tokens)
         try:
             if span is not None and span.is_recording():
@@ -493,6 +512,17 @@ class TokenRecorder:
             self._fault("span")
         self._metrics(side, method, tool_name, "output", measurement, update)
         return measurement
+
+    def _admit_declared_tools(self, result: Any) -> None:
+        """Tools a server declares are real: their names become labels before their first call."""
+        try:
+            tools = result.get("tools") if isinstance(result, Mapping) else None
+            for tool in tools if isinstance(tools, list) else ():
+                name = tool.get("name") if isinstance(tool, Mapping) else None
+                if isinstance(name, str):
+                    self.tool_names(name)
+        except Exception:
+            self._fault("metrics")
 
     def end_session(self, side: Side, session_id: str | None) -> None:
         """The connection is gone: close its budget (observes ``mcp_token.session.utilization``)."""
@@ -503,6 +533,7 @@ class TokenRecorder:
                 self.sessions[side].end(session_id)
         except Exception:
             self._fault("budget")
+        self._emit_ended()
 
     def states(self) -> dict[str, dict[str, int]]:
         """Live sessions per budget state, per side."""
@@ -512,20 +543,30 @@ class TokenRecorder:
     # ------------------------------------------------------------------ internals
 
     def _session_ended_callback(self, side: Side) -> Callable[[str, SessionBudget, str], None]:
+        # Called by the registry under _budget_lock: only note it; _emit_ended() reports it after the lock,
+        # so no sink ever runs while the lock is held (a sink may read states()).
         def ended(_session_id: str, budget: SessionBudget, _why: str) -> None:
-            self._emit("record_session_end", side, budget.utilization)
+            self._ended.append((side, budget.utilization))
 
         return ended
+
+    def _emit_ended(self) -> None:
+        while self._ended:
+            side, utilization = self._ended.popleft()
+            self._emit("record_session_end", side, utilization)
 
     def _budget(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:
         if session_id is None:
             return None
         try:
             with self._budget_lock:
-                return self.sessions[side].record(session_id, tokens)
+                update = self.sessions[side].record(session_id, tokens)
         except Exception:
             self._fault("budget")
             return None
+        if self._ended:  # idle or evicted sessions the registry let go of while recording
+            self._emit_ended()
+        return update
 
     def _budget_on_span(self, span: Span, update: BudgetUpdate | None) -> None:
         if update is None:
@@ -582,8 +623,9 @@ class TokenRecorder:
         update: BudgetUpdate | None,
     ) -> None:
         try:
-            method_label = self.method_names(method) or method
-            tool_label = self.tool_names(tool_name)
+            admit = direction == "output" and m.error_type is None
+            method_label = self.method_names(method, admit) or method
+            tool_label = self.tool_names(tool_name, admit)
         except Exception:
             self._fault("metrics")
             return

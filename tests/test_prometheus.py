@@ -44,6 +44,8 @@ def make_recorder(**config: object) -> tuple[TokenRecorder, PrometheusMetrics]:
 
 
 def drive(recorder: TokenRecorder, session: str = "sess-secret-1234") -> None:
+    # The server declares its tools first (as clients list them before calling): their names become labels.
+    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": "dump"}, {"name": "ping"}]})
     recorder.record_input(None, "server", "tools/call", {"name": "dump", "arguments": {"all": True}}, session)
     recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)
     recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)  # -> exhausted
@@ -98,7 +100,7 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 1
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
     assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
-    assert value(found, "mcp_token_overhead_ratio_count", side="server") == 3
+    assert value(found, "mcp_token_overhead_ratio_count", side="server", method="tools/call") == 3
     assert value(found, "mcp_token_message_tokens_count", side="client", risk_tier="low", tool="ping") == 1
     assert value(found, "mcp_token_session_transitions_total", side="server", state="warning") == 1
     assert value(found, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1

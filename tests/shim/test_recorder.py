@@ -209,3 +209,15 @@ def test_otel_metrics_carry_the_same_families_as_the_prometheus_endpoint(otel: O
     budgets = {p.attributes["mcp_token.scope"]: p.value for p in found["mcp_token.output_rate_budget"]}
     assert budgets == {"tool": 42, "service": 500}
     rec.close()
+
+
+def test_failing_tool_names_cannot_use_up_the_label_places(otel: Otel) -> None:
+    rec = new_recorder(otel, metrics={"max_tool_names": 2})
+    for i in range(5):  # an agent inventing tools: every call fails
+        one_call(rec, "unknown tool", tool=f"made_up_{i}", session=None, is_error=True)
+    for tool in ("search", "fetch", "third"):
+        one_call(rec, "ok", tool=tool, session=None)
+        one_call(rec, "ok", tool=tool, session=None)
+    outputs = {p.attributes.get("gen_ai.tool.name") for p in otel.metrics()["mcp_token.message.tokens"]
+               if p.attributes["mcp_token.direction"] == "output"}
+    assert outputs == {"search", "fetch", "_other"}  # the real tools got the places, the invented ones did not
