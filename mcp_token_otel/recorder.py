@@ -278,8 +278,9 @@ class OtelMetricsSink:
 class NameLimiter:
     """Keeps the first ``limit`` distinct names admitted; other names map to ``overflow`` (bounded cardinality).
 
-    Only ``admit=True`` lookups take a free place: the recorder admits a name when a response to it succeeds,
-    so a client calling tools that do not exist (agents invent tool names) cannot use up the places.
+    Any name takes a free place while fewer than half are used. Past that, only ``admit=True`` lookups do:
+    the recorder admits a name when a response to it succeeds or a server declares it, so a client calling
+    tools that do not exist (agents invent tool names) can use up at most half of the places.
     """
 
     def __init__(self, limit: int, overflow: str) -> None:
@@ -291,11 +292,10 @@ class NameLimiter:
     def __call__(self, name: str | None, admit: bool = True) -> str | None:
         if name is None or name in self._kept:
             return name
-        if admit:
-            with self._lock:
-                if len(self._kept) < self.limit:
-                    self._kept.add(name)
-                    return name
+        with self._lock:
+            if len(self._kept) < (self.limit if admit else self.limit // 2):
+                self._kept.add(name)
+                return name
         return self.overflow
 
 

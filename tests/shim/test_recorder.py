@@ -212,12 +212,14 @@ def test_otel_metrics_carry_the_same_families_as_the_prometheus_endpoint(otel: O
 
 
 def test_failing_tool_names_cannot_use_up_the_label_places(otel: Otel) -> None:
-    rec = new_recorder(otel, metrics={"max_tool_names": 2})
-    for i in range(5):  # an agent inventing tools: every call fails
+    rec = new_recorder(otel, metrics={"max_tool_names": 8})
+    for i in range(10):  # an agent inventing tools: every call fails
         one_call(rec, "unknown tool", tool=f"made_up_{i}", session=None, is_error=True)
-    for tool in ("search", "fetch", "third"):
+    rec.record_output(None, "client", "tools/list", None, result={"tools": [{"name": "declared"}]})
+    for tool in ("declared", "search", "fetch", "third", "fourth"):
         one_call(rec, "ok", tool=tool, session=None)
-        one_call(rec, "ok", tool=tool, session=None)
-    outputs = {p.attributes.get("gen_ai.tool.name") for p in otel.metrics()["mcp_token.message.tokens"]
-               if p.attributes["mcp_token.direction"] == "output"}
-    assert outputs == {"search", "fetch", "_other"}  # the real tools got the places, the invented ones did not
+    tools = {p.attributes.get("gen_ai.tool.name") for p in otel.metrics()["mcp_token.message.tokens"]
+             if p.attributes["mcp.method.name"] == "tools/call" and p.attributes["mcp_token.direction"] == "output"}
+    # Invented names took at most half of the 8 places; the declared tool and real ones got the rest.
+    assert tools == {"made_up_0", "made_up_1", "made_up_2", "made_up_3", "declared", "search", "fetch", "third",
+                     "_other"}
