@@ -72,6 +72,15 @@ def _tool_name(method: str, params: Any) -> str | None:
     return None
 
 
+def _error_data(exc: Exception) -> Any:
+    """The JSON-RPC error the SDK answers a handler exception with (its own mapping; code 0 otherwise)."""
+    try:
+        error = jrd.handler_exception_to_error_data(exc)
+    except Exception:
+        error = None
+    return error if error is not None else {"code": 0, "message": str(exc)}
+
+
 def _as_dict(result: Any) -> Any:
     dump = getattr(result, "model_dump", None)
     return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else result
@@ -131,6 +140,9 @@ class TokenMiddleware:
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
+                if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
+                    error = _error_data(exc)
+                    rec.record_output(span, "server", method, tool, error=error, session_id=session_key)
                 raise
             if ctx.request_id is not None:
                 rec.record_output(

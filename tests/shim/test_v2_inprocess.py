@@ -304,3 +304,29 @@ def test_double_instrument_one_set(otel: Otel) -> None:
     ]
     assert sorted(p.attributes["mcp_token.direction"] for p in points) == ["input", "output"]
     assert all(p.count == 1 for p in points)
+
+
+def test_a_handler_crash_is_measured_as_the_error_the_client_receives(otel: Otel, instrumented: Any) -> None:
+    from mcp.server.lowlevel.server import Server
+    from mcp.shared.exceptions import MCPError
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        raise RuntimeError("database unavailable")
+
+    server = Server("crashy", on_list_tools=list_tools)
+
+    async def main() -> int:
+        async with Client(server, mode="legacy") as client:
+            try:
+                await client.list_tools()
+            except MCPError as exc:
+                return exc.error.code
+        return 0
+
+    code = run(main)
+    assert code == 0  # the SDK's JSON-RPC dispatcher answers an uncaught exception with code 0
+    (srv,) = by_name(otel.spans(), "tools/list", SpanKind.SERVER)
+    # The SDK's own middleware (outside ours) names the exception class on its span; ours measured the answer.
+    assert srv.attributes["error.type"] == "RuntimeError"
+    assert srv.attributes["mcp_token.output_tokens"] > 0  # "database unavailable" entered the context
+    assert srv.attributes["mcp_token.risk_tier"] == "low"
