@@ -8,11 +8,12 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
-from .config import ConfigError, build_policy, config_as_dict, load_config
+from .config import Config, ConfigError, build_policy, config_as_dict, load_config
 from .estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from .measure import Measurement, Policy, measure_message, measure_result
 from .profiles import aggregate_profiles, profile_tool_definition
@@ -20,7 +21,7 @@ from .profiles import aggregate_profiles, profile_tool_definition
 
 def _read_input(source: str) -> tuple[Any, str | None]:
     """The parsed JSON in ``source`` (a path or ``-``), or its text when it is not JSON; and a note."""
-    raw = sys.stdin.buffer.read() if source == "-" else open(source, "rb").read()  # noqa: SIM115
+    raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
     try:
         text = raw.decode("utf-8")
         note = None
@@ -67,7 +68,7 @@ def _print_measurement(m: Measurement, policy: Policy, out: TextIO) -> None:
         print(f"note: {m.reason}", file=out)
 
 
-def _cmd_estimate(args: argparse.Namespace, policy: Policy) -> int:
+def _cmd_estimate(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     value, note = _read_input(args.source)
     results = _measure(value, policy, args.method, args.tool)
     if args.json:
@@ -86,7 +87,7 @@ def _cmd_estimate(args: argparse.Namespace, policy: Policy) -> int:
     return 0
 
 
-def _cmd_profile(args: argparse.Namespace, policy: Policy) -> int:
+def _cmd_profile(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     value, _ = _read_input(args.source)
     if isinstance(value, dict) and "result" in value:
         value = value["result"]
@@ -127,13 +128,12 @@ def _cmd_profile(args: argparse.Namespace, policy: Policy) -> int:
     return 0
 
 
-def _cmd_config(args: argparse.Namespace, policy: Policy) -> int:
-    config = load_config(args.config)
+def _cmd_config(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     print(yaml.safe_dump(config_as_dict(config, hide_secrets=True), sort_keys=False), end="")
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace, policy: Policy) -> int:
+def _cmd_demo(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     import anyio
 
     from .demo import DemoOptions, run_demo
@@ -149,7 +149,6 @@ def _cmd_demo(args: argparse.Namespace, policy: Policy) -> int:
         interval=args.interval,
         quiet=args.quiet,
     )
-    config = load_config(args.config)
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
             anyio.run(run_demo, config, options)
@@ -206,11 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.estimator:
             config = dataclasses.replace(config, estimator=args.estimator)
         policy = build_policy(config)
-        return int(args.func(args, policy))
-    except (ConfigError, EstimatorUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
+        return int(args.func(args, config, policy))
+    except (ConfigError, EstimatorUnavailable, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -54,7 +54,7 @@ class DemoStats:
         self.tools: dict[str, ToolStats] = {}
         self.transitions: Counter[str] = Counter()
         self.sessions_ended = 0
-        self.utilizations: list[float] = []
+        self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
 
     def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
         if side != "server" or direction != "output" or method != "tools/call" or tool is None:
@@ -76,7 +76,7 @@ class DemoStats:
     def record_session_end(self, side: str, utilization: float) -> None:
         if side == "server":
             self.sessions_ended += 1
-            self.utilizations.append(utilization)
+            self._utilization_sum += utilization
 
     def record_error(self, stage: str) -> None:
         pass
@@ -99,7 +99,8 @@ class DemoStats:
         for s in self.tools.values():
             mix.update(s.tiers)
         lines.append("tiers: " + ", ".join(f"{t} {mix[t]}" for t in RISK_TIERS))
-        util = f", mean utilization at end {statistics.fmean(self.utilizations):.0%}" if self.utilizations else ""
+        util = (f", mean utilization at end {self._utilization_sum / self.sessions_ended:.0%}"
+                if self.sessions_ended else "")
         lines.append(
             f"sessions: {self.sessions_ended} ended, {self.transitions['warning']} entered warning, "
             f"{self.transitions['exhausted']} exhausted{util}"

@@ -130,10 +130,6 @@ def uninstrument() -> None:
             _prometheus = None
 
 
-def active_recorder() -> TokenRecorder | None:
-    return _state[0] if _state is not None else None
-
-
 def instrument_server(server: Any) -> None:
     """Instrument a server object built before ``instrument()``."""
     if _state is None:

@@ -33,12 +33,10 @@ from prometheus_client.registry import Collector
 
 from .budget import BUDGET_STATES
 from .measure import Measurement
+from .recorder import RATIO_BUCKETS, TOKEN_BUCKETS, UTILIZATION_BUCKETS  # one set of buckets for both paths
 from .risk import BREACH_TIERS
 
 PREFIX = "mcp_token"
-TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
-RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-UTILIZATION_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 MAX_LABEL_CHARS = 128
 _BREACH_TIERS = tuple(sorted(BREACH_TIERS))
 _MAX_CACHED_SERIES = 10_000

@@ -1,12 +1,13 @@
 """The SDK-independent emitter: measurements -> span attributes, span events, session budgets, metrics.
 
-Every adapter (mcp 2.x now, 1.x later) finds or opens the span for a message and hands the raw wire
+Every adapter (mcp 2.x and 1.x) finds or opens the span for a message and hands the raw wire
 dicts to a :class:`TokenRecorder`. The recorder never raises: a fault in the estimator, the span API,
 the budget registry or a metrics sink is counted (``mcp_token.instrumentation.errors`` with
 ``mcp_token.stage``), logged at debug level, and the MCP call carries on untouched.
 
 Metric attributes are bounded: tool names past ``metrics.max_tool_names`` (and method names past
-``MAX_METHODS``) share an overflow value, and no metric ever carries a session or request id.
+``MAX_METHODS``, beyond the spec's own) share an overflow value, and no metric ever carries a session or
+request id.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ A_OVERHEAD_TOKENS = "mcp_token.overhead_tokens"
 A_OVERHEAD_RATIO = "mcp_token.overhead_ratio"
 A_RISK_TIER = "mcp_token.risk_tier"
 A_ESTIMATOR = "mcp_token.estimator"
-A_BUDGET_KEY = "mcp_token.session.id"
 A_SESSION_TOKENS = "mcp_token.session.tokens"
 A_SESSION_UTILIZATION = "mcp_token.session.utilization"
 A_SESSION_STATE = "mcp_token.session.state"
