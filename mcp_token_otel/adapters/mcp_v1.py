@@ -42,11 +42,11 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
 from ..recorder import A_PROTOCOL, A_SESSION_ID, Side, TokenRecorder, call_attributes, span_name
+from ._common import MARK as _MARK
+from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
 
 logger = logging.getLogger(__name__)
 
-_MARK = "_mcp_token_otel"
-_MISSING = object()
 _SESSION_HEADER = "mcp-session-id"
 #: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
 _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
@@ -57,7 +57,6 @@ _SERVER_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.
     "mcp_token_v1_server_transport", default=None
 )
 
-_active: V1Shim | None = None
 
 
 @dataclass
@@ -97,25 +96,7 @@ def _side_of(session: Any) -> Side | None:
     return None  # some other BaseSession subclass: left alone
 
 
-def _dump(model: Any) -> Any:
-    """The wire form of a pydantic model (what the SDK itself serializes); other values as they are."""
-    dump = getattr(model, "model_dump", None)
-    return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else model
 
-
-def _tool_name(method: str, params: Any) -> str | None:
-    if method == "tools/call" and isinstance(params, Mapping):
-        name = params.get("name")
-        return name if isinstance(name, str) else None
-    return None
-
-
-def _is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
-    """A recording span of this kind for this MCP method (an outer instrumentation's)."""
-    if not span.is_recording() or getattr(span, "kind", None) is not kind:
-        return False
-    attrs = getattr(span, "attributes", None) or {}
-    return attrs.get("mcp.method.name") == method
 
 
 def _extract_parent(meta: Any) -> Any:
@@ -136,11 +117,6 @@ def _header_session_id(responder: Any) -> str | None:
     value = headers.get(_SESSION_HEADER) if headers is not None else None
     return value if isinstance(value, str) and value else None
 
-
-def _detach(token: Any) -> None:
-    if token is not None:
-        with contextlib.suppress(Exception):
-            otel_context.detach(token)
 
 
 @contextlib.asynccontextmanager
@@ -164,20 +140,13 @@ class V1Shim:
     def __init__(self, recorder: TokenRecorder) -> None:
         self.recorder = recorder
         self.active = False
-        self._originals: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
         self._sessions: weakref.WeakKeyDictionary[Any, _SessionInfo] = weakref.WeakKeyDictionary()
 
     # -------------------------------------------------------------- install / uninstall
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        # vars(): the attribute as the owner itself holds it (never an inherited one), restored verbatim.
-        original = vars(owner).get(name, _MISSING)
-        if getattr(original, _MARK, False):
-            return  # already ours (a stale install): never wrap a wrapper
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(replacement, _MARK, True)
-        self._originals.append((owner, name, original))
-        setattr(owner, name, replacement)
+        self._patches.patch(owner, name, replacement)
 
     def install(self) -> None:
         self._patch(BaseSession, "__init__", self._wrap_session_init(BaseSession.__init__))
@@ -239,12 +208,7 @@ class V1Shim:
 
     def uninstall(self) -> None:
         self.active = False
-        for owner, name, original in reversed(self._originals):
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._originals.clear()
+        self._patches.restore()
 
     # -------------------------------------------------------------- sessions
 
@@ -357,11 +321,11 @@ class V1Shim:
         method, params = "unknown", None
         span, own, token = None, None, None
         try:
-            data = _dump(request)
+            data = wire_dict(request)
             method = str(data.get("method", "unknown"))
             params = data.get("params")
             current = trace.get_current_span()
-            if _is_mcp_span(current, SpanKind.CLIENT, method):
+            if is_mcp_span(current, SpanKind.CLIENT, method):
                 span = current  # an outer MCP instrumentation already traces this call
             else:
                 attrs = call_attributes(
@@ -379,7 +343,7 @@ class V1Shim:
         except Exception:
             rec._fault("span")
         rec.record_input(span, side, method, params, key)
-        tool = _tool_name(method, params)
+        tool = called_tool(method, params)
         try:
             try:
                 result = await original(session, request, result_type, *args, **kwargs)
@@ -402,7 +366,7 @@ class V1Shim:
 
     def _result_dict(self, result: Any) -> Any:
         try:
-            return _dump(result)  # the validated result model: re-dumped in its wire form
+            return wire_dict(result)  # the validated result model: re-dumped in its wire form
         except Exception:
             self.recorder._fault("estimate")
             return None
@@ -429,7 +393,7 @@ class V1Shim:
             extra[A_PROTOCOL] = info.protocol_version
         if extra:
             self.recorder.set_attributes(span, extra)
-        _detach(token)
+        detach(token)
         self.recorder.end_span(own)
 
     def _wrap_send_notification(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -451,7 +415,7 @@ class V1Shim:
             side = _side_of(session)
             if side is None:
                 return
-            data = _dump(notification)
+            data = wire_dict(notification)
             method, params = str(data.get("method", "unknown")), data.get("params")
         except Exception:
             self.recorder._fault("estimate")
@@ -483,7 +447,7 @@ class V1Shim:
         method, params = "unknown", None
         try:
             info = self._safe_info(session)
-            data = _dump(notification)
+            data = wire_dict(notification)
             method, params = str(data.get("method", "unknown")), data.get("params")
             meta = params.get("_meta") if isinstance(params, Mapping) else None
             attrs = call_attributes(
@@ -536,7 +500,7 @@ class V1Shim:
         span, token = None, None
         method, params = "unknown", None
         try:
-            data = _dump(responder.request)
+            data = wire_dict(responder.request)
             method, params = str(data.get("method", "unknown")), data.get("params")
             meta = params.get("_meta") if isinstance(params, Mapping) else None
             request_id = getattr(responder, "request_id", None)
@@ -560,12 +524,12 @@ class V1Shim:
                 token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:
             rec._fault("span")
-        state = _InboundState(span, token, side, method, _tool_name(method, params), key, info)
+        state = _InboundState(span, token, side, method, called_tool(method, params), key, info)
         try:
             setattr(responder, _MARK, state)
         except Exception:
             rec._fault("span")
-            _detach(token)
+            detach(token)
             rec.end_span(span)
             return
         rec.record_input(span, side, method, params, key)
@@ -615,34 +579,21 @@ class V1Shim:
         rec = self.recorder
         if isinstance(exc, Exception) and not state.responded:
             rec.record_exception(state.span, exc)
-        _detach(state.token)
+        detach(state.token)
         state.token = None
         rec.end_span(state.span)
         state.span = None
 
 
-def install(recorder: TokenRecorder) -> V1Shim:
-    """Patch mcp 1.x for ``recorder``; at most one shim is active."""
-    global _active
-    if _active is not None:
-        return _active
-    shim = V1Shim(recorder)
-    shim.install()
-    _active = shim
-    return shim
-
-
-def uninstall() -> None:
-    global _active
-    if _active is not None:
-        _active.uninstall()
-        _active = None
+_slot = ShimSlot(V1Shim)
+#: Patch the SDK for a recorder (at most one shim is active) / restore it exactly.
+install = _slot.install
+uninstall = _slot.uninstall
 
 
 def instrument_server(server: Any) -> None:
     """Nothing to do on mcp 1.x: the hooks are on the session classes, so every server is covered."""
-    if _active is None:
+    if _slot.shim is None:
         logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
-
 
 __all__ = ["V1Shim", "install", "instrument_server", "uninstall"]

@@ -38,11 +38,11 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind
 
 from ..recorder import A_SESSION_ID, A_TRANSPORT, TokenRecorder, call_attributes, span_name
+from ._common import MARK as _MARK
+from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
 
 logger = logging.getLogger(__name__)
 
-_MARK = "_mcp_token_otel"
-_MISSING = object()
 #: The CLIENT span that the SDK's next ``otel_span(kind=CLIENT)`` must take over (single use).
 _TAKEOVER: contextvars.ContextVar[Span | None] = contextvars.ContextVar("mcp_token_takeover", default=None)
 #: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
@@ -54,22 +54,8 @@ _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mcp_token_server_transport", default=None
 )
 
-_active: V2Shim | None = None
 
 
-def _is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
-    """A recording span of this kind for this MCP method (the SDK's, or an outer instrumentation's)."""
-    if not span.is_recording() or getattr(span, "kind", None) is not kind:
-        return False
-    attrs = getattr(span, "attributes", None) or {}
-    return attrs.get("mcp.method.name") == method
-
-
-def _tool_name(method: str, params: Any) -> str | None:
-    if method == "tools/call" and isinstance(params, Mapping):
-        name = params.get("name")
-        return name if isinstance(name, str) else None
-    return None
 
 
 def _error_data(exc: Exception) -> Any:
@@ -80,10 +66,6 @@ def _error_data(exc: Exception) -> Any:
         error = None
     return error if error is not None else {"code": 0, "message": str(exc)}
 
-
-def _as_dict(result: Any) -> Any:
-    dump = getattr(result, "model_dump", None)
-    return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else result
 
 
 class TokenMiddleware:
@@ -106,7 +88,7 @@ class TokenMiddleware:
             if ctx.request_id is None:
                 session_key = None  # notifications never enter the model's context
             current = trace.get_current_span()
-            if _is_mcp_span(current, SpanKind.SERVER, method):
+            if is_mcp_span(current, SpanKind.SERVER, method):
                 span = current
             else:
                 # The SDK's OpenTelemetryMiddleware was removed (or is not recording): open our own.
@@ -129,7 +111,7 @@ class TokenMiddleware:
         except Exception:
             rec._fault("span")
         rec.record_input(span, "server", method, params, session_key)
-        tool = _tool_name(method, params)
+        tool = called_tool(method, params)
         token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
         try:
             try:
@@ -146,13 +128,11 @@ class TokenMiddleware:
                 raise
             if ctx.request_id is not None:
                 rec.record_output(
-                    span, "server", method, tool, result=_as_dict(result), session_id=session_key
+                    span, "server", method, tool, result=wire_dict(result), session_id=session_key
                 )
             return result
         finally:
-            if token is not None:
-                with contextlib.suppress(Exception):
-                    trace.context_api.detach(token)
+            detach(token)
             rec.end_span(own)
 
 
@@ -186,7 +166,7 @@ class DispatcherProxy:
         span, own, token = None, None, None
         try:
             current = trace.get_current_span()
-            if _is_mcp_span(current, SpanKind.CLIENT, method):
+            if is_mcp_span(current, SpanKind.CLIENT, method):
                 span = current  # an outer MCP instrumentation already traces this call
             else:
                 attrs = call_attributes(
@@ -202,7 +182,7 @@ class DispatcherProxy:
             rec._fault("span")
         takeover = _TAKEOVER.set(span if span is not None and not self._direct else None)
         rec.record_input(span, "client", method, params, self._key)
-        tool = _tool_name(method, params)
+        tool = called_tool(method, params)
         try:
             try:
                 result = await self._inner.send_raw_request(method, params, opts)
@@ -232,9 +212,7 @@ class DispatcherProxy:
             extra["mcp.protocol.version"] = version
         if extra:
             rec.set_attributes(span, extra)
-        if token is not None:
-            with contextlib.suppress(Exception):
-                trace.context_api.detach(token)
+        detach(token)
         rec.end_span(own)
 
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> None:
@@ -286,12 +264,10 @@ class DispatcherProxy:
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
-            rec.record_output(span, "client", method, None, result=_as_dict(result), session_id=self._key)
+            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key)
             return result
         finally:
-            if token is not None:
-                with contextlib.suppress(Exception):
-                    trace.context_api.detach(token)
+            detach(token)
             rec.end_span(span)
 
 
@@ -301,7 +277,7 @@ class V2Shim:
     def __init__(self, recorder: TokenRecorder) -> None:
         self.recorder = recorder
         self.active = False
-        self._originals: list[tuple[Any, str, Any]] = []
+        self._patches = Patches()
         self._servers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions: weakref.WeakSet[ClientSession] = weakref.WeakSet()
         self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -309,9 +285,7 @@ class V2Shim:
     # -------------------------------------------------------------- install / uninstall
 
     def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        # vars(): the attribute as the owner itself holds it (never an inherited one), restored verbatim.
-        self._originals.append((owner, name, vars(owner).get(name, _MISSING)))
-        setattr(owner, name, replacement)
+        self._patches.patch(owner, name, replacement)
 
     def install(self) -> None:
         shim = self
@@ -387,12 +361,7 @@ class V2Shim:
 
     def uninstall(self) -> None:
         self.active = False
-        for owner, name, original in reversed(self._originals):
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._originals.clear()
+        self._patches.restore()
         for server in list(self._servers):
             self.remove_middleware(server)
         for session in list(self._sessions):
@@ -454,30 +423,17 @@ class V2Shim:
             self.recorder._fault("install")
 
 
-def install(recorder: TokenRecorder) -> V2Shim:
-    """Patch mcp 2.x for ``recorder``; at most one shim is active."""
-    global _active
-    if _active is not None:
-        return _active
-    shim = V2Shim(recorder)
-    shim.install()
-    _active = shim
-    return shim
-
-
-def uninstall() -> None:
-    global _active
-    if _active is not None:
-        _active.uninstall()
-        _active = None
+_slot = ShimSlot(V2Shim)
+#: Patch the SDK for a recorder (at most one shim is active) / restore it exactly.
+install = _slot.install
+uninstall = _slot.uninstall
 
 
 def instrument_server(server: Any) -> None:
     """Instrument a server built before ``instrument()`` (a low-level Server or an MCPServer)."""
-    if _active is None:
+    if _slot.shim is None:
         logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
         return
-    _active.add_middleware(server)
-
+    _slot.shim.add_middleware(server)
 
 __all__ = ["DispatcherProxy", "TokenMiddleware", "V2Shim", "install", "instrument_server", "uninstall"]

@@ -174,7 +174,7 @@ def test_uninstrument_restores_sdk(otel: Otel) -> None:
     instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     patched = snapshot()
     instrument()  # idempotent: nothing wrapped twice
-    mcp_v1.install(mcp_v1._active.recorder)  # type: ignore[union-attr]  # the adapter guards itself too
+    mcp_v1.install(mcp_v1._slot.shim.recorder)  # the adapter guards itself too
     assert snapshot() == patched
     assert all(a is not b for a, b in zip(before, patched, strict=True))
     uninstrument()
