@@ -220,6 +220,9 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
     """Run the demo workload; returns the final figures (also printed)."""
     from . import instrument as shim
 
+    if shim.detect_adapter() != "mcp_token_otel.adapters.mcp_v2":
+        raise RuntimeError("the demo runs on the mcp 2.x SDK (pip install 'mcp>=2'); the shim itself supports 1.x too")
+
     config = dataclasses.replace(
         config,
         budget=dataclasses.replace(config.budget, context_window=options.context_window),
