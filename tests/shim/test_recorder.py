@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 from mcp_token_otel.measure import Policy
 from mcp_token_otel.recorder import TOKEN_BUCKETS, TokenRecorder
 
+from ..faults import BrokenMeterProvider, BrokenSink, raising_estimator
 from .conftest import Otel, make_config
 
 
@@ -142,38 +142,19 @@ def test_capture_content_truncated(otel: Otel) -> None:
     assert len(span.attributes["gen_ai.tool.call.result"]) == 10
 
 
-def _raise(_text: str) -> int:
-    raise RuntimeError("estimator fault")
 
 
-class BrokenSink:
-    def __getattr__(self, name: str) -> Any:
-        def fail(*args: Any) -> None:
-            raise RuntimeError(f"sink fault in {name}")
-
-        return fail
 
 
-class BrokenInstrument:
-    def record(self, *a: Any, **k: Any) -> None:
-        raise RuntimeError("meter fault")
-
-    add = record
 
 
-class BrokenMeter:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: BrokenInstrument()
 
 
-class BrokenMeterProvider(MeterProvider):
-    def get_meter(self, *a: Any, **k: Any) -> Any:
-        return BrokenMeter()
 
 
 def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
     rec = new_recorder(otel)
-    rec.policy = Policy(estimator=_raise, estimator_name="broken")
+    rec.policy = Policy(estimator=raising_estimator, estimator_name="broken")
     one_call(rec, "text")
     assert rec.error_counts["estimate"] == 2
     errors = otel.metrics()["mcp_token.instrumentation.errors"]

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mcp_token_otel.instrument import instrument, uninstrument
 from mcp_token_otel.measure import Policy
 
+from ..faults import BrokenMeterProvider, BrokenSink, RaisingExporter, RaisingProcessor, raising_estimator
 from .conftest import Otel, make_config
-from .test_recorder import BrokenMeterProvider, BrokenSink
 
 N = 20
 
@@ -48,25 +47,10 @@ def calls(mode: str) -> list[dict[str, Any]]:
     return anyio.run(main)
 
 
-class RaisingProcessor(SpanProcessor):
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        raise RuntimeError("processor on_start fault")
-
-    def on_end(self, span: ReadableSpan) -> None:
-        raise RuntimeError("processor on_end fault")
 
 
-class RaisingExporter(SpanExporter):
-    def __init__(self) -> None:
-        self.attempts = 0
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.attempts += 1
-        raise RuntimeError("exporter fault")
 
 
-def _raise(_text: str) -> int:
-    raise RuntimeError("estimator fault")
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -87,7 +71,7 @@ def test_faults_do_not_change_results(otel: Otel, mode: str, fault: str) -> None
     recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
     if fault == "estimator":
-        recorder.policy = Policy(estimator=_raise, estimator_name="broken")
+        recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
     elif fault == "sink":
         recorder.add_sink(BrokenSink())
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -18,14 +17,14 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.shared.memory import create_connected_server_and_client_session
 from mcp.shared.session import BaseSession, RequestResponder
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.instrument import instrument, uninstrument
 from mcp_token_otel.measure import Policy
 
+from ..faults import BrokenMeterProvider, BrokenSink, RaisingExporter, RaisingProcessor, raising_estimator
 from .conftest import Otel, make_config
 
 N = 20
@@ -81,48 +80,18 @@ def calls() -> list[dict[str, Any]]:
     return anyio.run(main)
 
 
-class RaisingProcessor(SpanProcessor):
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        raise RuntimeError("processor on_start fault")
-
-    def on_end(self, span: ReadableSpan) -> None:
-        raise RuntimeError("processor on_end fault")
 
 
-class RaisingExporter(SpanExporter):
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        raise RuntimeError("exporter fault")
 
 
-class BrokenSink:
-    """A MetricsSink whose every method raises."""
-
-    def __getattr__(self, name: str) -> Any:
-        def fail(*args: Any) -> None:
-            raise RuntimeError(f"sink fault in {name}")
-
-        return fail
 
 
-class BrokenInstrument:
-    def record(self, *args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("meter fault")
-
-    add = record
 
 
-class BrokenMeter:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: BrokenInstrument()
 
 
-class BrokenMeterProvider(MeterProvider):
-    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
-        return BrokenMeter()
 
 
-def _raise(_text: str) -> int:
-    raise RuntimeError("estimator fault")
 
 
 @pytest.mark.parametrize("fault", ["estimator", "span_processor", "exporter", "meter", "sink"])
@@ -141,7 +110,7 @@ def test_faults_do_not_change_results(otel: Otel, fault: str) -> None:
     recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
     if fault == "estimator":
-        recorder.policy = Policy(estimator=_raise, estimator_name="broken")
+        recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
     elif fault == "sink":
         recorder.add_sink(BrokenSink())
     try:
