@@ -47,33 +47,28 @@ APP = textwrap.dedent(
 )
 
 
-def test_opentelemetry_instrument_runs_the_shim_with_no_code_change(tmp_path: Path) -> None:
+def run_instrumented(tmp_path: Path, **env: str) -> list[dict]:
+    """Run APP under the real ``opentelemetry-instrument`` launcher; the spans it printed."""
     launcher = Path(sys.executable).with_name("opentelemetry-instrument")
     if not launcher.exists():
         pytest.skip("opentelemetry-instrument is not installed next to this interpreter")
     app = tmp_path / "app.py"
     app.write_text(APP)
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", "MCP_TOKEN_OTEL_ESTIMATOR": "chars/4"}
-    out = subprocess.run([str(launcher), sys.executable, str(app)], env=env, capture_output=True, text=True,
+    full_env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
+                "OTEL_LOGS_EXPORTER": "none", **env}
+    out = subprocess.run([str(launcher), sys.executable, str(app)], env=full_env, capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 0, out.stderr
-    spans = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_opentelemetry_instrument_runs_the_shim_with_no_code_change(tmp_path: Path) -> None:
+    spans = run_instrumented(tmp_path, MCP_TOKEN_OTEL_ESTIMATOR="chars/4")
     measured = {(s["name"], s["kind"]): s["output"] for s in spans if s["name"] == "tools/call fetch"}
     assert set(measured) == {("tools/call fetch", "CLIENT"), ("tools/call fetch", "SERVER")}
     assert all(tokens >= 625 for tokens in measured.values())  # 2500 chars at chars/4
 
 
 def test_opentelemetry_instrument_can_disable_it(tmp_path: Path) -> None:
-    launcher = Path(sys.executable).with_name("opentelemetry-instrument")
-    if not launcher.exists():
-        pytest.skip("opentelemetry-instrument is not installed next to this interpreter")
-    app = tmp_path / "app.py"
-    app.write_text(APP)
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none",
-           "OTEL_LOGS_EXPORTER": "none", "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS": "mcp_token_otel"}
-    out = subprocess.run([str(launcher), sys.executable, str(app)], env=env, capture_output=True, text=True,
-                         timeout=120, check=False)
-    assert out.returncode == 0, out.stderr
-    spans = json.loads(out.stdout.strip().splitlines()[-1])
+    spans = run_instrumented(tmp_path, OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="mcp_token_otel")
     assert spans and all(s["output"] is None for s in spans)  # the SDK's own spans, without our attributes
