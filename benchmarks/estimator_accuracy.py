@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corpus import Sample, build_corpus, gen_json, gen_mcp_envelope, iter_kinds, load_dir
 
-from mcp_token_otel.estimators import ESTIMATOR_NAMES, get_estimator
+from mcp_token_otel.core.estimators import ESTIMATOR_NAMES, get_estimator
 
 REFERENCE = "tiktoken:o200k_base"
 

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corpus import Sample, build_corpus, iter_kinds
 
-from mcp_token_otel.estimation import CANDIDATE_PATTERNS, PATTERNS, features, raw_features
-from mcp_token_otel.estimators import get_estimator
+from mcp_token_otel.core.estimation import CANDIDATE_PATTERNS, PATTERNS, features, raw_features
+from mcp_token_otel.core.estimators import get_estimator
 
 Matrix = list[list[float]]
 

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from mcp_token_otel.config import Config
-from mcp_token_otel.instrument import instrument, uninstrument
+from mcp_token_otel.instrumentation import instrument, uninstrument
 
 SIZES = {"2 KB": 2 * 1024, "200 KB": 200 * 1024}
 

@@ -20,15 +20,15 @@ from typing import Any
 
 import yaml
 
-from .budget import (
+from .core.budget import (
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_EXHAUSTION_RATIO,
     DEFAULT_WARNING_RATIO,
     validate_budget,
 )
-from .estimators import ESTIMATOR_NAMES, get_estimator
-from .measure import Policy
-from .risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThresholds
+from .core.estimators import ESTIMATOR_NAMES, get_estimator
+from .core.measure import Policy
+from .core.risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThresholds
 
 ENV_PREFIX = "MCP_TOKEN_OTEL_"
 ENV_CONFIG_FILE = "MCP_TOKEN_OTEL_CONFIG"

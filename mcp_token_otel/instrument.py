@@ -1,155 +1,40 @@
-"""``instrument()`` / ``uninstrument()`` and the ``opentelemetry-instrument`` entry point.
+"""The former home of ``instrument()``: ``from mcp_token_otel.instrument import instrument`` keeps working.
 
-The adapter is chosen by feature detection, not by version string: ``mcp.shared.dispatcher`` exists only
-in mcp 2.x, ``mcp.shared.session`` only in 1.x. An adapter module exposes ``install(recorder)``,
-``uninstall()`` and ``instrument_server(server)``.
+Importing this module makes the package attribute ``mcp_token_otel.instrument`` this module (Python binds
+a submodule over a package attribute of the same name), so the module itself is callable: either way,
+``mcp_token_otel.instrument(config)`` instruments.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
-import logging
-import threading
-from collections.abc import Collection
+import sys
+import types
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
-
-from .config import Config, load_config
-from .recorder import TokenRecorder
-
-logger = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_state: tuple[TokenRecorder, Any] | None = None  # (recorder, adapter module)
-_prometheus: Any = None  # the PrometheusService, once prometheus.enabled or metrics_app() asked for it
-
-
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+from .instrumentation import (
+    McpTokenInstrumentor,
+    detect_adapter,
+    instrument,
+    instrument_server,
+    metrics_app,
+    prometheus_service,
+    uninstrument,
+)
 
 
-def detect_adapter() -> str | None:
-    """The adapter module for the installed mcp SDK, or None when mcp is missing."""
-    if _has_module("mcp.shared.dispatcher"):
-        return "mcp_token_otel.adapters.mcp_v2"
-    if _has_module("mcp.shared.session"):
-        return "mcp_token_otel.adapters.mcp_v1"
-    return None
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return instrument(*args, **kwargs)
 
 
-def instrument(
-    config: Config | None = None,
-    *,
-    tracer_provider: Any = None,
-    meter_provider: Any = None,
-) -> TokenRecorder | None:
-    """Instrument the installed mcp SDK; idempotent (a second call returns the active recorder).
+sys.modules[__name__].__class__ = _CallableModule
 
-    ``config`` defaults to ``load_config()`` (``MCP_TOKEN_OTEL_*`` variables and file). Providers default
-    to the global ones; with ``otel.configure`` true, OTLP exporters are set up first from OTEL_*.
-    Returns the recorder, or None when no supported mcp SDK is installed.
-    """
-    global _state
-    with _lock:
-        if _state is not None:
-            return _state[0]
-        config = config if config is not None else load_config()
-        if config.otel.configure:
-            from .otel_setup import configure_otel
-
-            configure_otel()
-        name = detect_adapter()
-        if name is None:
-            logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
-            return None
-        try:
-            adapter = importlib.import_module(name)
-        except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
-            logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
-            return None
-        recorder = TokenRecorder(config, tracer_provider, meter_provider)
-        try:
-            adapter.install(recorder)
-        except Exception:
-            logger.warning("mcp_token_otel: cannot hook the mcp SDK; nothing instrumented", exc_info=True)
-            with contextlib.suppress(Exception):
-                adapter.uninstall()  # restore whatever was patched before the failure
-            recorder.close()
-            return None
-        _state = (recorder, adapter)
-        if config.prometheus.enabled:
-            _start_prometheus(recorder, serve=True)
-        return recorder
-
-
-def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
-    global _prometheus
-    from .prometheus_service import start_prometheus
-
-    if _prometheus is None:
-        _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=serve)
-    return _prometheus
-
-
-def prometheus_service() -> Any:
-    """The running Prometheus service (its ``server.url``, registry and apps), or None."""
-    return _prometheus
-
-
-def metrics_app(kind: str = "asgi") -> Any:
-    """/metrics of the active instrumentation as an ASGI (default) or WSGI app, to mount in a web server
-    you already run (e.g. next to an MCP streamable-HTTP app). Call after ``instrument()``."""
-    with _lock:
-        if _state is None:
-            raise RuntimeError("metrics_app() needs instrument() first")
-        service = _start_prometheus(_state[0], serve=False)
-    if kind not in ("asgi", "wsgi"):
-        raise ValueError(f"kind: expected 'asgi' or 'wsgi', got {kind!r}")
-    return service.asgi_app() if kind == "asgi" else service.wsgi_app()
-
-
-def uninstrument() -> None:
-    """Restore the SDK exactly; sessions that exist keep working, without measurement."""
-    global _state
-    with _lock:
-        if _state is None:
-            return
-        global _prometheus
-        recorder, adapter = _state
-        _state = None
-        adapter.uninstall()
-        recorder.close()
-        if _prometheus is not None:
-            _prometheus.close()
-            _prometheus = None
-
-
-def instrument_server(server: Any) -> None:
-    """Instrument a server object built before ``instrument()``."""
-    if _state is None:
-        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
-        return
-    _state[1].instrument_server(server)
-
-
-class McpTokenInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """``opentelemetry-instrument`` entry point (group ``opentelemetry_instrumentor``)."""
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("mcp >= 1.20",)
-
-    def _instrument(self, **kwargs: Any) -> None:
-        instrument(
-            kwargs.get("config"),
-            tracer_provider=kwargs.get("tracer_provider"),
-            meter_provider=kwargs.get("meter_provider"),
-        )
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        uninstrument()
+__all__ = [
+    "McpTokenInstrumentor",
+    "detect_adapter",
+    "instrument",
+    "instrument_server",
+    "metrics_app",
+    "prometheus_service",
+    "uninstrument",
+]

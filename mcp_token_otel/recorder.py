@@ -1,9 +1,11 @@
-"""The SDK-independent emitter: measurements -> span attributes, span events, session budgets, metrics.
+"""The orchestrator: measurements -> span attributes, span events, session budgets, metrics.
 
-Every adapter (mcp 2.x and 1.x) finds or opens the span for a message and hands the raw wire
-dicts to a :class:`TokenRecorder`. The recorder never raises: a fault in the estimator, the span API,
-the budget registry or a metrics sink is counted (``mcp_token.instrumentation.errors`` with
-``mcp_token.stage``), logged at debug level, and the MCP call carries on untouched.
+Every adapter (mcp 2.x, mcp 1.x, the proxy) finds or opens the span for a message and hands the raw wire
+dicts to a :class:`TokenRecorder`. It asks the pure core for the measurement and the budget, then hands
+the results to the emitters (span attributes here, metric sinks in ``emitters``). The recorder never
+raises: a fault in the estimator, the span API, the budget registry or a metrics sink is counted
+(``mcp_token.instrumentation.errors`` with ``mcp_token.stage``), logged at debug level, and the MCP call
+carries on untouched.
 
 Metric attributes are bounded: tool names past ``metrics.max_tool_names`` (and method names past
 ``MAX_METHODS``, beyond the spec's own) share an overflow value, and no metric ever carries a session or
@@ -16,287 +18,43 @@ import json
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
-from .budget import BudgetUpdate, SessionBudget, SessionRegistry
 from .config import Config, build_policy
-from .deferred import DeferredSink
-from .measure import Measurement, Policy, measure_error, measure_request, measure_result
-from .risk import BREACH_TIERS
+from .core.budget import BudgetUpdate, SessionBudget, SessionRegistry
+from .core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
+from .core.measure import Measurement, Policy, measure_error, measure_request, measure_result
+from .core.risk import BREACH_TIERS
+from .emitters.deferred import DeferredSink
+from .emitters.otel_metrics import MetricsSink, OtelMetricsSink
+from .emitters.semconv import (
+    A_ADVISORY,
+    A_ARGUMENTS,
+    A_ERROR_TYPE,
+    A_ESTIMATOR,
+    A_INPUT_TOKENS,
+    A_OUTPUT_TOKENS,
+    A_OVERHEAD_RATIO,
+    A_OVERHEAD_TOKENS,
+    A_RESULT,
+    A_RISK_TIER,
+    A_SESSION_STATE,
+    A_SESSION_TOKENS,
+    A_SESSION_UTILIZATION,
+    A_STATUS_CODE,
+    EVENT_BUDGET,
+    EVENT_RISK,
+    SCOPE_NAME,
+)
 
 logger = logging.getLogger(__name__)
 
 Side = Literal["client", "server"]
 SIDES: tuple[Side, ...] = ("client", "server")
-SCOPE_NAME = "mcp_token_otel"
-#: Distinct method names kept as a metric label; a peer can send arbitrary methods.
-MAX_METHODS = 64
-#: Methods of the MCP specification: always metric labels (other methods need a successful response first).
-SPEC_METHODS = (
-    "initialize", "ping", "server/discover", "tools/list", "tools/call", "resources/list", "resources/read",
-    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
-    "completion/complete", "logging/setLevel", "sampling/createMessage", "elicitation/create", "roots/list",
-    "subscriptions/listen", "notifications/initialized", "notifications/cancelled", "notifications/progress",
-    "notifications/message", "notifications/resources/updated", "notifications/resources/list_changed",
-    "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/roots/list_changed",
-)
-
-# Span attributes (OTel MCP semantic conventions, then this project's estimates).
-A_METHOD = "mcp.method.name"
-A_SESSION_ID = "mcp.session.id"
-A_PROTOCOL = "mcp.protocol.version"
-A_REQUEST_ID = "jsonrpc.request.id"
-A_TOOL = "gen_ai.tool.name"
-A_PROMPT = "gen_ai.prompt.name"
-A_OPERATION = "gen_ai.operation.name"
-A_TRANSPORT = "network.transport"
-A_ERROR_TYPE = "error.type"
-A_STATUS_CODE = "rpc.response.status_code"
-A_ARGUMENTS = "gen_ai.tool.call.arguments"
-A_RESULT = "gen_ai.tool.call.result"
-A_INPUT_TOKENS = "mcp_token.input_tokens"
-A_OUTPUT_TOKENS = "mcp_token.output_tokens"
-A_OVERHEAD_TOKENS = "mcp_token.overhead_tokens"
-A_OVERHEAD_RATIO = "mcp_token.overhead_ratio"
-A_RISK_TIER = "mcp_token.risk_tier"
-A_ESTIMATOR = "mcp_token.estimator"
-A_SESSION_TOKENS = "mcp_token.session.tokens"
-A_SESSION_UTILIZATION = "mcp_token.session.utilization"
-A_SESSION_STATE = "mcp_token.session.state"
-A_ADVISORY = "mcp_token.advisory"
-# Metric attributes.
-M_SIDE = "mcp_token.side"
-M_DIRECTION = "mcp_token.direction"
-M_STAGE = "mcp_token.stage"
-M_SCOPE = "mcp_token.scope"
-EVENT_RISK = "mcp_token.risk"
-EVENT_BUDGET = "mcp_token.budget"
-
-#: Powers of 4 from 1 to 64 Mi tokens, as in the GenAI token usage convention.
-TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
-RATIO_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
-
-
-def span_name(method: str, params: Any) -> str:
-    """``{mcp.method.name} {target}``: the tool or prompt name is the target (semconv)."""
-    if method in ("tools/call", "prompts/get") and isinstance(params, Mapping):
-        target = params.get("name")
-        if isinstance(target, str):
-            return f"{method} {target}"
-    return method
-
-
-def call_attributes(
-    method: str,
-    params: Any,
-    *,
-    session_id: str | None = None,
-    request_id: Any = None,
-    protocol_version: str | None = None,
-    transport: str | None = None,
-) -> dict[str, Any]:
-    """The semantic-convention attributes of one MCP message (no estimates)."""
-    attrs: dict[str, Any] = {A_METHOD: method}
-    name = params.get("name") if isinstance(params, Mapping) else None
-    if method == "tools/call":
-        attrs[A_OPERATION] = "execute_tool"
-        if isinstance(name, str):
-            attrs[A_TOOL] = name
-    elif method == "prompts/get" and isinstance(name, str):
-        attrs[A_PROMPT] = name
-    if session_id:
-        attrs[A_SESSION_ID] = session_id
-    if request_id is not None:
-        attrs[A_REQUEST_ID] = str(request_id)
-    if protocol_version:
-        attrs[A_PROTOCOL] = protocol_version
-    if transport:
-        attrs[A_TRANSPORT] = transport
-    return attrs
-
-
-class MetricsSink(Protocol):
-    """Where measurements go as metrics. Attribute values are already bounded; never a session id."""
-
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
-    ) -> None: ...
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None: ...
-    def record_transition(self, side: str, state: str) -> None: ...
-    def record_session_end(self, side: str, utilization: float) -> None: ...
-    def record_error(self, stage: str) -> None: ...
-
-
-class OtelMetricsSink:
-    """A :class:`MetricsSink` on an OpenTelemetry Meter."""
-
-    def __init__(
-        self,
-        meter_provider: metrics.MeterProvider | None = None,
-        version: str = "",
-        *,
-        states: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
-        rate_budgets: Mapping[str, float] | None = None,
-    ) -> None:
-        provider = meter_provider or metrics.get_meter_provider()
-        meter = provider.get_meter(SCOPE_NAME, version)
-        self._states = states
-        self._rate_budgets = dict(rate_budgets or {})
-        self._tokens = meter.create_histogram(
-            "mcp_token.message.tokens",
-            unit="{token}",
-            description="Estimated tokens of one MCP message (input: request params; output: response).",
-            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
-        )
-        self._overhead = meter.create_histogram(
-            "mcp_token.overhead.ratio",
-            unit="1",
-            description="Share of a response's tokens that is framing, _meta or duplicated content.",
-            explicit_bucket_boundaries_advisory=RATIO_BUCKETS,
-        )
-        self._utilization = meter.create_histogram(
-            "mcp_token.session.utilization",
-            unit="1",
-            description="Share of the context window a session had used when it ended.",
-            explicit_bucket_boundaries_advisory=UTILIZATION_BUCKETS,
-        )
-        # The same families as the Prometheus endpoint, so dashboards and alerts work through a Collector.
-        self._token_total = meter.create_counter(
-            "mcp_token.tokens", unit="{token}", description="Estimated tokens of MCP messages."
-        )
-        meter.create_observable_gauge(
-            "mcp_token.sessions",
-            callbacks=[self._observe_sessions],
-            unit="{session}",
-            description="Live MCP sessions per context-window budget state.",
-        )
-        meter.create_observable_gauge(
-            "mcp_token.output_rate_budget",
-            callbacks=[self._observe_budgets],
-            unit="{token}/s",
-            description="Configured sustained output-token budget (for alerting).",
-        )
-        self._breaches = meter.create_counter(
-            "mcp_token.risk.breaches", unit="{message}", description="Responses in the high or critical tier."
-        )
-        self._transitions = meter.create_counter(
-            "mcp_token.session.transitions",
-            unit="{transition}",
-            description="Sessions entering the warning or exhausted budget state.",
-        )
-        self._errors = meter.create_counter(
-            "mcp_token.instrumentation.errors",
-            unit="{error}",
-            description="Faults inside the instrumentation (the MCP call itself went on).",
-        )
-        self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
-        self._deferred: Any = None
-        # Collection runs observable callbacks before it reads the synchronous instruments, so this one
-        # drains a DeferredSink's queue first: every export (and the final one at shutdown) is complete.
-        meter.create_observable_counter(
-            "mcp_token.instrumentation.dropped",
-            callbacks=[self._drain_and_observe],
-            unit="{point}",
-            description="Metric points dropped because the background recorder's queue was full.",
-        )
-
-    def _observe_sessions(self, _options: Any) -> Iterator[metrics.Observation]:
-        if self._states is None:
-            return
-        for side, counts in self._states().items():
-            for state, count in counts.items():
-                yield metrics.Observation(count, {M_SIDE: side, A_SESSION_STATE: state})
-
-    def _observe_budgets(self, _options: Any) -> Iterator[metrics.Observation]:
-        for scope, budget in self._rate_budgets.items():
-            yield metrics.Observation(budget, {M_SCOPE: scope})
-
-    def set_deferred(self, deferred: Any) -> None:
-        """Called by the DeferredSink that wraps this sink."""
-        self._deferred = deferred
-
-    def _drain_and_observe(self, _options: Any) -> Iterator[metrics.Observation]:
-        deferred = self._deferred
-        if deferred is not None:
-            deferred.flush()
-        yield metrics.Observation(deferred.dropped if deferred is not None else 0)
-
-    def _cached(self, key: tuple[Any, ...], build: Callable[[], dict[str, str]]) -> dict[str, str]:
-        # Attribute dicts are reused: building them per call shows up in the per-call overhead.
-        attrs = self._attrs.get(key)
-        if attrs is None:
-            if len(self._attrs) > 4096:
-                self._attrs.clear()
-            attrs = self._attrs[key] = build()
-        return attrs
-
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
-    ) -> None:
-        tier = measurement.risk_tier
-
-        def build() -> dict[str, str]:
-            attrs = {M_SIDE: side, A_METHOD: method, M_DIRECTION: direction, A_RISK_TIER: tier}
-            if tool is not None:
-                attrs[A_TOOL] = tool
-            return attrs
-
-        attrs = self._cached(("m", side, method, tool, direction, tier), build)
-        self._tokens.record(measurement.total_tokens, attrs)
-
-        def build_total() -> dict[str, str]:
-            return {k: v for k, v in attrs.items() if k != A_RISK_TIER}
-
-        self._token_total.add(measurement.total_tokens, self._cached(("t", side, method, tool, direction), build_total))
-        if direction == "output":
-            self._overhead.record(measurement.overhead_ratio, attrs)
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        def build() -> dict[str, str]:
-            attrs = {M_SIDE: side, A_METHOD: method, A_RISK_TIER: tier}
-            if tool is not None:
-                attrs[A_TOOL] = tool
-            return attrs
-
-        self._breaches.add(1, self._cached(("b", side, method, tool, tier), build))
-
-    def record_transition(self, side: str, state: str) -> None:
-        self._transitions.add(1, {M_SIDE: side, A_SESSION_STATE: state})
-
-    def record_session_end(self, side: str, utilization: float) -> None:
-        self._utilization.record(utilization, {M_SIDE: side})
-
-    def record_error(self, stage: str) -> None:
-        self._errors.add(1, {M_STAGE: stage})
-
-
-class NameLimiter:
-    """Keeps the first ``limit`` distinct names admitted; other names map to ``overflow`` (bounded cardinality).
-
-    Any name takes a free place while fewer than half are used. Past that, only ``admit=True`` lookups do:
-    the recorder admits a name when a response to it succeeds or a server declares it, so a client calling
-    tools that do not exist (agents invent tool names) can use up at most half of the places.
-    """
-
-    def __init__(self, limit: int, overflow: str) -> None:
-        self.limit = limit
-        self.overflow = overflow
-        self._kept: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, name: str | None, admit: bool = True) -> str | None:
-        if name is None or name in self._kept:
-            return name
-        with self._lock:
-            if len(self._kept) < (self.limit if admit else self.limit // 2):
-                self._kept.add(name)
-                return name
-        return self.overflow
 
 
 def _status_unset(span: Span) -> bool:

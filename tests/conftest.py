@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mcp_token_otel.measure import Policy
+from mcp_token_otel.core.measure import Policy
 
 
 def chars4(text: str) -> int:

@@ -80,7 +80,7 @@ def otel_session(exporter: InMemorySpanExporter, tracer_provider: TracerProvider
 
 def instrumented_session(otel: Otel) -> Iterator[Any]:
     """Body of an ``instrumented`` fixture: instrument() with chars/4 and the test providers."""
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     yield recorder

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_token_otel import SessionBudget, SessionRegistry
-from mcp_token_otel.budget import BUDGET_STATES
+from mcp_token_otel.core.budget import BUDGET_STATES
 
 
 def test_defaults_and_transitions_once() -> None:

@@ -10,7 +10,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.deferred import DeferredSink
+from mcp_token_otel.emitters.deferred import DeferredSink
 from mcp_token_otel.recorder import TokenRecorder
 
 

@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from mcp_token_otel import recorder
+from mcp_token_otel.cli.demo import DemoOptions
 from mcp_token_otel.config import PrometheusConfig
-from mcp_token_otel.demo import DemoOptions
+from mcp_token_otel.emitters import semconv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -280,9 +280,9 @@ def test_collector_renames_every_metric_attribute_to_the_prometheus_label() -> N
         for group in p["metric_statements"] for s in group["statements"]
     )
     renames = {
-        recorder.M_SIDE: "side", recorder.A_METHOD: "method", recorder.A_TOOL: "tool",
-        recorder.M_DIRECTION: "direction", recorder.A_RISK_TIER: "risk_tier", recorder.A_SESSION_STATE: "state",
-        recorder.M_STAGE: "stage", recorder.M_SCOPE: "scope",
+        semconv.M_SIDE: "side", semconv.A_METHOD: "method", semconv.A_TOOL: "tool",
+        semconv.M_DIRECTION: "direction", semconv.A_RISK_TIER: "risk_tier", semconv.A_SESSION_STATE: "state",
+        semconv.M_STAGE: "stage", semconv.M_SCOPE: "scope",
     }
     for attribute, label in renames.items():
         assert f'set(attributes["{label}"], attributes["{attribute}"])' in statements, attribute

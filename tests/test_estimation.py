@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_token_otel import estimators
-from mcp_token_otel.estimation import SAMPLE_THRESHOLD, estimate_tokens
-from mcp_token_otel.estimators import ESTIMATOR_NAMES, EstimatorUnavailable, get_estimator
+from mcp_token_otel.core import estimators
+from mcp_token_otel.core.estimation import SAMPLE_THRESHOLD, estimate_tokens
+from mcp_token_otel.core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable, get_estimator
 
 # --------------------------------------------------------------------------- default estimator
 

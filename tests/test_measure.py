@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel import RiskThresholds, measure_error, measure_message, measure_request, measure_result
-from mcp_token_otel.measure import Policy, infer_method
+from mcp_token_otel.core.measure import Policy, infer_method
 
 from .conftest import chars4
 

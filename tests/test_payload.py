@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from mcp_token_otel.payload import MAX_NODES, size_text, size_value, utf8_len
+from mcp_token_otel.core.payload import MAX_NODES, size_text, size_value, utf8_len
 
 from .conftest import chars4
 

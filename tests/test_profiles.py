@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 from mcp_token_otel import aggregate_profiles, compute_static_profile, estimate_tokens, profile_tool_definition
-from mcp_token_otel.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, UNKNOWN_ITEM_TOKENS, VALUE_TOKENS
+from mcp_token_otel.core.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, UNKNOWN_ITEM_TOKENS, VALUE_TOKENS
 
 
 def base_of(fields: list[str]) -> int:

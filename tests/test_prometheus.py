@@ -27,8 +27,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.metrics_server import BasicAuth, MetricsServer, metrics_asgi_app
-from mcp_token_otel.prometheus_metrics import PrometheusMetrics, label_value
+from mcp_token_otel.emitters.metrics_server import BasicAuth, MetricsServer, metrics_asgi_app
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics, label_value
 from mcp_token_otel.recorder import TokenRecorder
 
 BIG = {"content": [{"type": "text", "text": "word " * 12000}]}  # ~10k tokens estimated: critical
@@ -235,7 +235,7 @@ WORKER = textwrap.dedent(
     """
     import sys
     from mcp_token_otel.config import config_from_dict
-    from mcp_token_otel.prometheus_metrics import PrometheusMetrics
+    from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
     from mcp_token_otel.recorder import TokenRecorder
     recorder = TokenRecorder(config_from_dict({}))
     recorder.add_sink(PrometheusMetrics(states=recorder.states))
@@ -248,7 +248,7 @@ READER = textwrap.dedent(
     """
     import sys
     from prometheus_client import generate_latest, multiprocess
-    from mcp_token_otel.prometheus_metrics import multiprocess_registry
+    from mcp_token_otel.emitters.prometheus_metrics import multiprocess_registry
     for pid in sys.argv[1:]:  # what a server's worker-exit hook does (gunicorn child_exit)
         multiprocess.mark_process_dead(int(pid))
     print(generate_latest(multiprocess_registry()).decode())
@@ -284,7 +284,7 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
 
-    from mcp_token_otel.instrument import instrument, metrics_app, uninstrument
+    from mcp_token_otel.instrumentation import instrument, metrics_app, uninstrument
 
     if importlib.util.find_spec("mcp.shared.dispatcher") is None:
         pytest.skip("uses the mcp 2.x client")
@@ -292,7 +292,7 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
                           tracer_provider=TracerProvider(), meter_provider=MeterProvider())
     assert recorder is not None
     try:
-        from mcp_token_otel.instrument import prometheus_service
+        from mcp_token_otel.instrumentation import prometheus_service
 
         url = prometheus_service().server.url
         server = MCPServer("prom")

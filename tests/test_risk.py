@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_token_otel import RISK_TIERS, RiskThresholds, classify_risk
-from mcp_token_otel.risk import overhead_advisory, risk_advisory
+from mcp_token_otel.core.risk import overhead_advisory, risk_advisory
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
-from ..recorder import A_PROTOCOL, A_SESSION_ID, Side, TokenRecorder, call_attributes, span_name
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, span_name
+from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
 

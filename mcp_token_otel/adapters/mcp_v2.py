@@ -37,7 +37,8 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind
 
-from ..recorder import A_SESSION_ID, A_TRANSPORT, TokenRecorder, call_attributes, span_name
+from ..emitters.semconv import A_SESSION_ID, A_TRANSPORT, call_attributes, span_name
+from ..recorder import TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
 

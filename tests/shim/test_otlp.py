@@ -152,8 +152,8 @@ if preconfigured:
     trace.set_tracer_provider(tp)
     metrics.set_meter_provider(mp)
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.instrument import instrument
-from mcp_token_otel.otel_setup import configure_otel
+from mcp_token_otel.instrumentation import instrument
+from mcp_token_otel.emitters.otel_setup import configure_otel
 configured = configure_otel()
 same = (trace.get_tracer_provider() is tp and metrics.get_meter_provider() is mp) if preconfigured else None
 instrument(config_from_dict({"estimator": "chars/4"}))
@@ -230,7 +230,7 @@ def test_endpoint_down_calls_still_succeed() -> None:
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
 
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     closed = free_port()  # nothing listens here: connection refused
     exporter = Recording(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{closed}/v1/traces", timeout=1))

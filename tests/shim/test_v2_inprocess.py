@@ -139,7 +139,7 @@ def test_budget_transitions_and_events(otel: Otel, otel_budget_small: Any) -> No
 
 @pytest.fixture
 def otel_budget_small(otel: Otel) -> Any:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     from .conftest import make_config
 
@@ -154,7 +154,7 @@ def otel_budget_small(otel: Otel) -> Any:
 
 def test_client_only(otel: Otel) -> None:
     """A server built before instrument() and never passed to instrument_server: client spans only."""
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     server = make_server()
     instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
@@ -178,7 +178,7 @@ def test_client_only(otel: Otel) -> None:
 def test_server_only_via_instrument_server(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server built before instrument() and added with instrument_server(); the client left alone."""
     from mcp_token_otel.adapters import mcp_v2
-    from mcp_token_otel.instrument import instrument, instrument_server, uninstrument
+    from mcp_token_otel.instrumentation import instrument, instrument_server, uninstrument
 
     server = make_server()
     original_session_init = ClientSession.__init__
@@ -229,7 +229,7 @@ def test_uninstrument_restores_sdk(otel: Otel) -> None:
     from mcp.client.streamable_http import StreamableHTTPTransport
 
     from mcp_token_otel.adapters import mcp_v2
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     before = {
         "server": Server.__dict__["__init__"],
@@ -243,7 +243,7 @@ def test_uninstrument_restores_sdk(otel: Otel) -> None:
     chain_before = [type(m).__name__ for m in early.middleware]
     instrument(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     instrument()  # idempotent
-    from mcp_token_otel.instrument import instrument_server
+    from mcp_token_otel.instrumentation import instrument_server
 
     instrument_server(early)
     instrument_server(early)
@@ -275,7 +275,7 @@ def test_uninstrument_restores_sdk(otel: Otel) -> None:
 
 
 def test_double_instrument_one_set(otel: Otel) -> None:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     from .conftest import make_config
 

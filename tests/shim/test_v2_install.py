@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from mcp_token_otel.instrument import instrument, prometheus_service, uninstrument
-from mcp_token_otel.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
 
 from .conftest import Otel, make_config
 

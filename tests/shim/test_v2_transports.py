@@ -29,7 +29,7 @@ def stdio_params(spans_file: Path | None) -> StdioServerParameters:
 
 @pytest.mark.parametrize("instrument_client", [True, False], ids=["both", "server-only"])
 def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -> None:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     spans_file = tmp_path / "server_spans.jsonl"
     if instrument_client:

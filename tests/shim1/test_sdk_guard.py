@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_token_otel.instrument import detect_adapter
+from mcp_token_otel.instrumentation import detect_adapter
 
 from .conftest import IS_MCP_V2
 

@@ -174,7 +174,7 @@ def test_sampling_round_trip_is_one_trace(otel: Otel, instrumented: Any) -> None
 
 
 def test_prompt_and_content_capture(otel: Otel) -> None:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     instrument(
         make_config(spans={"capture_content": True, "max_content_chars": 50}),
@@ -233,7 +233,7 @@ def test_errors(otel: Otel, instrumented: Any) -> None:
 
 @pytest.fixture
 def small_budget(otel: Otel) -> Iterator[Any]:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     recorder = instrument(
         make_config(budget={"context_window": 2000}),

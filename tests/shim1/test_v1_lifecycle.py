@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
-from mcp_token_otel.instrument import instrument, uninstrument
-from mcp_token_otel.measure import Policy
+from mcp_token_otel.core.measure import Policy
+from mcp_token_otel.instrumentation import instrument, uninstrument
 
 from ..faults import BrokenMeterProvider, BrokenSink, RaisingExporter, RaisingProcessor, raising_estimator
 from .conftest import Otel, make_config

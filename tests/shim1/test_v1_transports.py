@@ -35,7 +35,7 @@ def text_of(result: types.CallToolResult) -> str:
 
 @pytest.mark.parametrize("instrument_client", [True, False], ids=["both", "server-only"])
 def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -> None:
-    from mcp_token_otel.instrument import instrument, uninstrument
+    from mcp_token_otel.instrumentation import instrument, uninstrument
 
     spans_file = tmp_path / "server_spans.jsonl"
     if instrument_client:

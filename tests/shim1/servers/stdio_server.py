@@ -40,7 +40,7 @@ if os.environ.get("MCP_TOKEN_TEST_INSTRUMENT") == "1":
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ["MCP_TOKEN_TEST_SPANS"])))
     from mcp_token_otel.config import config_from_dict
-    from mcp_token_otel.instrument import instrument
+    from mcp_token_otel.instrumentation import instrument
 
     instrument(config_from_dict({"estimator": "chars/4"}), tracer_provider=provider)
 

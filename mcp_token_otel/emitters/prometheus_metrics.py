@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .budget import BUDGET_STATES
-from .measure import Measurement
-from .recorder import RATIO_BUCKETS, TOKEN_BUCKETS, UTILIZATION_BUCKETS  # one set of buckets for both paths
-from .risk import BREACH_TIERS
+from ..core.budget import BUDGET_STATES
+from ..core.measure import Measurement
+from ..core.risk import BREACH_TIERS
+from .semconv import RATIO_BUCKETS, TOKEN_BUCKETS, UTILIZATION_BUCKETS  # one set of buckets for both paths
 
 PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128

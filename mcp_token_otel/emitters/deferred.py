@@ -17,7 +17,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from .measure import Measurement
+from ..core.measure import Measurement
 
 
 class DeferredSink:

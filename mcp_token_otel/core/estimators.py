@@ -7,7 +7,7 @@
 Names (``ESTIMATOR_NAMES``):
 
 ``default``
-    :func:`mcp_token_otel.estimation.estimate_tokens`: pure Python, fast, ~5% mean error
+    :func:`mcp_token_otel.core.estimation.estimate_tokens`: pure Python, fast, ~5% mean error
     against o200k_base.
 ``chars/4``, ``chars/3.5``
     The seed heuristics, ``ceil(len(text) / 4)`` and ``ceil(len(text) / 3.5)``.
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mcp_token_otel.estimation import estimate_tokens
+from .estimation import estimate_tokens
 
 if TYPE_CHECKING:
     import tiktoken

@@ -22,9 +22,9 @@ from typing import Any, TextIO
 import anyio
 from mcp.types import CallToolResult, TextContent
 
-from .config import Config
-from .measure import Measurement
-from .risk import RISK_TIERS
+from ..config import Config
+from ..core.measure import Measurement
+from ..core.risk import RISK_TIERS
 
 #: Tools and how often an agent calls them.
 TOOL_WEIGHTS: dict[str, int] = {
@@ -84,7 +84,7 @@ class DemoStats:
     def table(self) -> str:
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
                  f"{'overhead':>9}{'errors':>8}"]
-        from .risk import classify_risk
+        from ..core.risk import classify_risk
 
         for name in sorted(self.tools):
             s = self.tools[name]
@@ -209,7 +209,7 @@ def _ensure_tracing() -> None:
     from opentelemetry.sdk.trace import TracerProvider
 
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        from .otel_setup import configure_otel
+        from ..emitters.otel_setup import configure_otel
 
         configure_otel()
     elif not isinstance(trace.get_tracer_provider(), TracerProvider):
@@ -218,7 +218,7 @@ def _ensure_tracing() -> None:
 
 async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
     """Run the demo workload; returns the final figures (also printed)."""
-    from . import instrument as shim
+    from .. import instrumentation as shim
 
     if shim.detect_adapter() != "mcp_token_otel.adapters.mcp_v2":
         raise RuntimeError("the demo runs on the mcp 2.x SDK (pip install 'mcp>=2'); the shim itself supports 1.x too")

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from .config import PrometheusConfig
+from ..config import PrometheusConfig
+from ..recorder import TokenRecorder
 from .metrics_server import AsgiApp, BasicAuth, MetricsServer, WsgiApp, metrics_asgi_app, metrics_wsgi_app
 from .prometheus_metrics import PrometheusMetrics, multiprocess_mode, multiprocess_registry
-from .recorder import TokenRecorder
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from .config import Config, ConfigError, build_policy, config_as_dict, load_config
-from .estimators import ESTIMATOR_NAMES, EstimatorUnavailable
-from .measure import Measurement, Policy, measure_message, measure_result
-from .profiles import aggregate_profiles, profile_tool_definition
+from ..config import Config, ConfigError, build_policy, config_as_dict, load_config
+from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
+from ..core.measure import Measurement, Policy, measure_message, measure_result
+from ..core.profiles import aggregate_profiles, profile_tool_definition
 
 
 def _read_input(source: str) -> tuple[Any, str | None]:

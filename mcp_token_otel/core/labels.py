@@ -1,0 +1,42 @@
+"""Bounded metric label values: the first names admitted keep their own label, later ones share an overflow
+value, so a peer can never grow a metric's cardinality without bound. Pure: no I/O."""
+
+from __future__ import annotations
+
+import threading
+
+#: Distinct method names kept as a metric label; a peer can send arbitrary methods.
+MAX_METHODS = 64
+#: Methods of the MCP specification: always metric labels (other methods need a successful response first).
+SPEC_METHODS = (
+    "initialize", "ping", "server/discover", "tools/list", "tools/call", "resources/list", "resources/read",
+    "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
+    "completion/complete", "logging/setLevel", "sampling/createMessage", "elicitation/create", "roots/list",
+    "subscriptions/listen", "notifications/initialized", "notifications/cancelled", "notifications/progress",
+    "notifications/message", "notifications/resources/updated", "notifications/resources/list_changed",
+    "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/roots/list_changed",
+)
+
+
+class NameLimiter:
+    """Keeps the first ``limit`` distinct names admitted; other names map to ``overflow`` (bounded cardinality).
+
+    Any name takes a free place while fewer than half are used. Past that, only ``admit=True`` lookups do:
+    the recorder admits a name when a response to it succeeds or a server declares it, so a client calling
+    tools that do not exist (agents invent tool names) can use up at most half of the places.
+    """
+
+    def __init__(self, limit: int, overflow: str) -> None:
+        self.limit = limit
+        self.overflow = overflow
+        self._kept: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str | None, admit: bool = True) -> str | None:
+        if name is None or name in self._kept:
+            return name
+        with self._lock:
+            if len(self._kept) < (self.limit if admit else self.limit // 2):
+                self._kept.add(name)
+                return name
+        return self.overflow
