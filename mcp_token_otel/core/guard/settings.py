@@ -77,9 +77,11 @@ class PaddingSettings:
     min_length: int = field(default=1000, metadata=_POSITIVE_INT)
     #: A text of min_length or more written with at most this many distinct characters.
     max_unique_chars: int = field(default=8, metadata=_POSITIVE_INT)
-    #: A window of this many characters found min_repeats times or more, covering half the text or more.
+    #: A window of this many characters found min_repeats times or more, its copies covering
+    #: min_repeat_coverage of the text or more (templated logs repeat phrases too, but not that densely).
     repeat_window: int = field(default=32, metadata=_POSITIVE_INT)
     min_repeats: int = field(default=20, metadata=_POSITIVE_INT)
+    min_repeat_coverage: float = field(default=0.8, metadata=_RATIO)
     #: A run of this many characters without whitespace.
     max_line_chars: int = field(default=5000, metadata=_POSITIVE_INT)
     #: zlib level 1 output / input below this ratio (natural text ~0.35-0.5, JSON ~0.1-0.3).
