@@ -136,8 +136,10 @@ def scan_text(text: str, s: PaddingSettings) -> list[PaddingFinding]:
     if ratio < s.min_compression_ratio:
         findings.append(PaddingFinding("compression", round(ratio, 4), s.min_compression_ratio, n))
     if ratio < _STATS_GATE:
-        step = max(1, len(sample) // _UNIQUE_SAMPLE)
-        seen = sample[::step] if step > 1 else sample
+        # Contiguous slices (a stride would alias with a periodic text), spread over the sample.
+        part = _UNIQUE_SAMPLE // 4
+        gap = max(part, len(sample) // 4)
+        seen = "".join(sample[i * gap : i * gap + part] for i in range(4))
         unique = len(set(seen))
         if unique <= s.max_unique_chars:
             findings.append(PaddingFinding("unique_chars", unique, s.max_unique_chars, len(seen)))
