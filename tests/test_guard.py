@@ -403,6 +403,9 @@ def test_padding_checks_each_fire_with_numbers() -> None:
 def test_padding_quiet_on_normal_content() -> None:
     assert checks(PROSE) == {}
     assert checks(json.dumps([{"id": i, "name": f"user {i}", "ok": i % 3 == 0} for i in range(400)])) == {}
+    log = "".join(f"2026-11-23T11:{i % 60:02d}:00 INFO served /api/items/{i} status=200 ms={i % 97}\n"
+                  for i in range(3000))
+    assert checks(log) == {}  # a templated log repeats phrases, not whole lines
     assert checks("family: \U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f") == {}  # ZWJ, VS16 are emoji
 
 

@@ -71,7 +71,7 @@ def _describe(finding: PaddingFinding) -> str:
     if finding.check == "unique_chars":
         return f"{finding.length:,} characters written with only {int(v):,} distinct ones"
     if finding.check == "repeated_window":
-        return f"one {finding.window}-character window repeated {int(v):,} times"
+        return f"one {finding.window:,}-character stretch repeated {int(v):,} times"
     if finding.check == "long_line":
         return f"a run of {int(v):,} characters without whitespace"
     return f"it compresses to {v:.1%} of its size"

@@ -13,7 +13,9 @@ Checks (each a :class:`PaddingFinding` with its number and threshold):
 ``unique_chars``
     Distinct characters in the sample: a long text written with a handful of characters.
 ``repeated_window``
-    A window of the text found many times (``str.count``), its copies covering most of it.
+    A window of the text is found again; the stretch between the two occurrences is the repeated unit,
+    and its copies (``str.count``) must cover most of the text (a templated log repeats phrases, but
+    its lines differ).
 ``long_line``
     A run without whitespace: the text is searched in aligned blocks of half the threshold (a run that
     long must contain a whole block); only blocks without whitespace are measured.
@@ -145,12 +147,22 @@ def scan_text(text: str, s: PaddingSettings) -> list[PaddingFinding]:
             findings.append(PaddingFinding("unique_chars", unique, s.max_unique_chars, len(seen)))
         window = s.repeat_window
         if n >= window * s.min_repeats:
-            best = 0
+            best, unit_length = 0, 0
             for i in (1, 2):  # windows from the middle and the end
                 at = (n - window) * i // 2
-                best = max(best, text.count(text[at : at + window]))
-            if best >= s.min_repeats and best * window >= s.min_repeat_coverage * n:
-                findings.append(PaddingFinding("repeated_window", best, s.min_repeats, n, window))
+                probe = text[at : at + window]
+                # The repeated unit runs from one occurrence of the window to the next; a templated log
+                # repeats phrases, but its lines (the units) differ, so only true copies count.
+                first = text.find(probe)
+                second = text.find(probe, first + 1)
+                if second < 0 or (second - first) * s.min_repeats > n:
+                    continue
+                unit = text[first:second]
+                copies = text.count(unit)
+                if copies * len(unit) > best * max(unit_length, 1):
+                    best, unit_length = copies, len(unit)
+            if best >= s.min_repeats and best * unit_length >= s.min_repeat_coverage * n:
+                findings.append(PaddingFinding("repeated_window", best, s.min_repeats, n, unit_length))
     run = longest_run_without_whitespace(text, s.max_line_chars)
     if run:
         findings.append(PaddingFinding("long_line", run, s.max_line_chars, n))

@@ -77,8 +77,8 @@ class PaddingSettings:
     min_length: int = field(default=1000, metadata=_POSITIVE_INT)
     #: A text of min_length or more written with at most this many distinct characters.
     max_unique_chars: int = field(default=8, metadata=_POSITIVE_INT)
-    #: A window of this many characters found min_repeats times or more, its copies covering
-    #: min_repeat_coverage of the text or more (templated logs repeat phrases too, but not that densely).
+    #: A stretch of text (found from a probe window of repeat_window characters) copied min_repeats times
+    #: or more, the copies covering min_repeat_coverage of the text or more.
     repeat_window: int = field(default=32, metadata=_POSITIVE_INT)
     min_repeats: int = field(default=20, metadata=_POSITIVE_INT)
     min_repeat_coverage: float = field(default=0.8, metadata=_RATIO)
