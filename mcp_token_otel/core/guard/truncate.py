@@ -230,6 +230,8 @@ def cut_json(
             break
         items: list[Any] = found.value
         floor = min(len(items), _min_items(found.schemas))
+        if floor >= len(items):  # the schema wants every item there is
+            continue
         # Item sizes give the first guess; the whole is measured again to confirm (sizes are near additive),
         # then the largest count that fits is found by galloping from the guess and bisecting.
         over = out.tokens - max_tokens
@@ -251,7 +253,7 @@ def cut_json(
             return False
 
         lo, hi = floor, len(items)  # the answer is the largest count in [lo, hi) that fits
-        guess = min(max(guess, floor), len(items) - 1)
+        guess = max(floor, min(guess, len(items) - 1))
         if fits(guess):
             lo = guess + 1
             if lo < hi and not fits(lo):
