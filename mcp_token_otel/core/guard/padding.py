@@ -7,9 +7,9 @@ Checks (each a :class:`PaddingFinding` with its number and threshold):
     characters (the zero-width joiner and U+FE0F, which emoji need, are not counted). One regex scan,
     skipped entirely for ASCII text (``str.isascii`` is a C check).
 ``compression``
-    zlib (level 1) size / input size of an evenly spaced sample (at most 16 K characters): natural text
-    is 0.35-0.5, JSON 0.1-0.3, a text repeated over and over well under 0.03. It also gates the next two
-    checks, which only run on texts that compress well.
+    zlib (level 1) size / input size of an evenly spaced sample (at most 8 K characters) of texts of 4 K
+    characters or more: natural text is 0.35-0.5, JSON 0.1-0.3, a text repeated over and over well under
+    0.03. It also gates the next two checks, which only run on texts that compress well.
 ``unique_chars``
     Distinct characters in the sample: a long text written with a handful of characters.
 ``repeated_window``
@@ -41,8 +41,10 @@ INVISIBLE = re.compile(f"[{_BMP_INVISIBLE}\U000e0000-\U000e007f\U000e0100-\U000e
 _INVISIBLE_BMP = re.compile(f"[{_BMP_INVISIBLE}]")
 _WHITESPACE = re.compile(r"\s")
 _SPACES = (" ", "\n", "\t", "\r", "\f", "\v")
-_SAMPLE_CHUNK = 4096
+_SAMPLE_CHUNK = 2048
 _SAMPLE_CHUNKS = 4
+#: Texts shorter than this skip the zlib check (and the statistical checks run ungated).
+_ZLIB_MIN_CHARS = 4096
 #: Characters of the sample whose distinct characters are counted (a set() costs ~10 ns a character).
 _UNIQUE_SAMPLE = 4096
 #: The statistical checks run only on texts whose sample compresses below this ratio.
@@ -133,11 +135,15 @@ def scan_text(text: str, s: PaddingSettings) -> list[PaddingFinding]:
     if n < s.min_length:
         return findings
     sample = _sample(text)
-    raw = sample.encode("utf-8", "surrogatepass")
-    ratio = len(zlib.compress(raw, 1)) / len(raw)
-    if ratio < s.min_compression_ratio:
-        findings.append(PaddingFinding("compression", round(ratio, 4), s.min_compression_ratio, n))
-    if ratio < _STATS_GATE:
+    gate = True
+    if n >= _ZLIB_MIN_CHARS:  # below, zlib's set-up (~40 us) costs more than the checks it gates
+        raw = sample.encode("utf-8", "surrogatepass")
+        ratio = len(zlib.compress(raw, 1)) / len(raw)
+        if ratio < s.min_compression_ratio:
+            findings.append(PaddingFinding("compression", round(ratio, 4), s.min_compression_ratio, n))
+        gate = ratio < _STATS_GATE
+    # A text with few distinct characters has few in its head too: a set of 256 characters screens it.
+    if gate and len(set(text[:256])) <= s.max_unique_chars:
         # Contiguous slices (a stride would alias with a periodic text), spread over the sample.
         part = _UNIQUE_SAMPLE // 4
         gap = max(part, len(sample) // 4)
@@ -145,24 +151,24 @@ def scan_text(text: str, s: PaddingSettings) -> list[PaddingFinding]:
         unique = len(set(seen))
         if unique <= s.max_unique_chars:
             findings.append(PaddingFinding("unique_chars", unique, s.max_unique_chars, len(seen)))
-        window = s.repeat_window
-        if n >= window * s.min_repeats:
-            best, unit_length = 0, 0
-            for i in (1, 2):  # windows from the middle and the end
-                at = (n - window) * i // 2
-                probe = text[at : at + window]
-                # The repeated unit runs from one occurrence of the window to the next; a templated log
-                # repeats phrases, but its lines (the units) differ, so only true copies count.
-                first = text.find(probe)
-                second = text.find(probe, first + 1)
-                if second < 0 or (second - first) * s.min_repeats > n:
-                    continue
-                unit = text[first:second]
-                copies = text.count(unit)
-                if copies * len(unit) > best * max(unit_length, 1):
-                    best, unit_length = copies, len(unit)
-            if best >= s.min_repeats and best * unit_length >= s.min_repeat_coverage * n:
-                findings.append(PaddingFinding("repeated_window", best, s.min_repeats, n, unit_length))
+    window = s.repeat_window
+    if gate and n >= window * s.min_repeats:
+        best, unit_length = 0, 0
+        for i in (1, 2):  # windows from the middle and the end
+            at = (n - window) * i // 2
+            probe = text[at : at + window]
+            # The repeated unit runs from one occurrence of the window to the next; a templated log
+            # repeats phrases, but its lines (the units) differ, so only true copies count.
+            first = text.find(probe)
+            second = text.find(probe, first + 1)
+            if second < 0 or (second - first) * s.min_repeats > n:
+                continue
+            unit = text[first:second]
+            copies = text.count(unit)
+            if copies * len(unit) > best * max(unit_length, 1):
+                best, unit_length = copies, len(unit)
+        if best >= s.min_repeats and best * unit_length >= s.min_repeat_coverage * n:
+            findings.append(PaddingFinding("repeated_window", best, s.min_repeats, n, unit_length))
     run = longest_run_without_whitespace(text, s.max_line_chars)
     if run:
         findings.append(PaddingFinding("long_line", run, s.max_line_chars, n))
