@@ -231,7 +231,7 @@ def test_cap_replaces_media_that_does_not_fit() -> None:
     new = e.on_result("tools/call", result, tool="chart").result
     assert new["content"][0] == result["content"][0]
     assert new["content"][1] == {"type": "text", "text": (
-        "[mcp-token-otel: a image (image/png) block of ~10,000 tokens was removed: it does not fit the response "
+        "[mcp-token-otel: an image (image/png) block of ~10,000 tokens was removed: it does not fit the response "
         "limit of 1,000 tokens.]")}
     assert "1 media block replaced by a notice." in new["content"][2]["text"]
 

@@ -35,7 +35,8 @@ def truncated(report: CapReport, tool: str | None, hint: str) -> str:
 
 def media_removed(kind: str, mime: str | None, tokens: int, cap: int) -> str:
     what = f"{kind} ({mime})" if mime else kind
-    return (f"[{PREFIX}: a {what} block of ~{tokens:,} tokens was removed: it does not fit the response limit "
+    article = "an" if kind[:1] in "aeiou" else "a"
+    return (f"[{PREFIX}: {article} {what} block of ~{tokens:,} tokens was removed: it does not fit the response limit "
             f"of {cap:,} tokens.]")
 
 
