@@ -47,7 +47,7 @@ def corpus(size: int) -> str:
 def all_policies(mode: str, cap: int) -> GuardSettings:
     return GuardSettings(
         mode=mode, max_response_tokens=cap, session_hard_limit=True, session_warning_note=True,
-        annotate_meta=True, rate_limit=True, calls_per_minute=10**9, max_chain_depth=5, model="gpt-4o",
+        annotate_meta=True, rate_limit=True, calls_per_minute=10**9, max_chain_depth=5, model="gpt-5.5",
     )
 
 

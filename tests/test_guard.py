@@ -463,11 +463,11 @@ def test_annotation_after_a_cut_reports_both_sizes() -> None:
 def test_cost() -> None:
     assert cost_usd(1_000_000, "gpt-4o", {"gpt-4o": 2.5}) == 2.5
     assert cost_usd(10, "", {"gpt-4o": 2.5}) is None and cost_usd(10, "x", {}) is None
-    e = engine(mode="observe", model="claude-sonnet-4-5")
+    e = engine(mode="observe", model="claude-sonnet-5-5")
     outcome = e.on_result("tools/call", text_result("x" * 4000), tool="t")
     assert outcome.context_tokens is not None
-    assert outcome.cost_usd == pytest.approx(outcome.context_tokens * 3.0 / 1e6)
-    assert engine(mode="off", model="gpt-4o").cost_usd(1000) == pytest.approx(0.0025)  # cost needs no mode
+    assert outcome.cost_usd == pytest.approx(outcome.context_tokens * 2.0 / 1e6)
+    assert engine(mode="off", model="gpt-5.5").cost_usd(1000) == pytest.approx(0.005)  # cost needs no mode
 
 
 def test_bad_input_never_raises() -> None:

@@ -44,7 +44,7 @@ def test_env_mappings_for_tools_and_pricing() -> None:
     })
     assert config.guard.tools == {"read_*": ToolGuard(mode="enforce", max_response_tokens=20000)}
     # A user's table extends the documented defaults.
-    assert config.guard.pricing["my-model"] == 4.5 and config.guard.pricing["gpt-4o"] == DEFAULT_PRICING["gpt-4o"]
+    assert config.guard.pricing["my-model"] == 4.5 and config.guard.pricing["gpt-5.5"] == DEFAULT_PRICING["gpt-5.5"]
     assert GuardEngine(config.guard).cost_usd(2_000_000) == pytest.approx(9.0)
 
 
@@ -59,12 +59,12 @@ def test_yaml_file_with_bare_off_globs_and_padding(tmp_path: Path) -> None:
         "    read_secret: {mode: enforce, padding_action: strip}\n"
         "    noisy_*: {mode: off}\n"
         "  padding: {action: strip, min_invisible_chars: 3}\n"
-        "  pricing: {gpt-4o: 3}\n"
+        "  pricing: {gpt-5.5: 3}\n"
     )
     guard = load_config(path, env={}).guard
     assert guard.mode == "off" and guard.tools["noisy_*"].mode == "off"
     assert guard.padding.action == "strip" and guard.padding.min_invisible_chars == 3
-    assert guard.pricing["gpt-4o"] == 3.0
+    assert guard.pricing["gpt-5.5"] == 3.0
     # An exact name wins over a glob; a glob applies to the names it matches; others get the section's values.
     assert resolve_tool(guard, "read_secret").mode == "enforce"
     assert resolve_tool(guard, "read_secret").max_response_tokens == 8000
@@ -76,7 +76,7 @@ def test_yaml_file_with_bare_off_globs_and_padding(tmp_path: Path) -> None:
 
 def test_config_round_trips_through_plain_data() -> None:
     config = config_from_dict({"guard": {"mode": "enforce", "tools": {"a*": {"annotate_meta": True}},
-                                         "model": "gpt-5"}})
+                                         "model": "gpt-5.4"}})
     assert config_from_dict(config_as_dict(config)) == config
     assert config_as_dict(Config())["guard"]["mode"] == "off"
 
@@ -95,9 +95,9 @@ def test_config_round_trips_through_plain_data() -> None:
       "config key 'guard.padding.action': expected one of notice, strip, got 'delete'"),
      ({"guard": {"padding": {"min_compression_ratio": 2}}},
       "config key 'guard.padding.min_compression_ratio': expected a number in (0, 1]"),
-     ({"guard": {"pricing": {"gpt-4o": "cheap"}}}, "config key 'guard.pricing.gpt-4o': expected a number"),
-     ({"guard": {"pricing": {"gpt-4o": -1}}},
-      "guard.pricing.gpt-4o: expected a non-negative number (USD per million input tokens)"),
+     ({"guard": {"pricing": {"gpt-5.5": "cheap"}}}, "config key 'guard.pricing.gpt-5.5': expected a number"),
+     ({"guard": {"pricing": {"gpt-5.5": -1}}},
+      "guard.pricing.gpt-5.5: expected a non-negative number (USD per million input tokens)"),
      ({"guard": {"pricing": [1, 2]}}, "config key 'guard.pricing': expected a mapping, got list"),
      ({"guard": {"model": "gpt-9"}}, "guard.model: expected a model named in guard.pricing"),
      ({"guard": {"tools": {"read_*": {"max_tokens": 5}}}},

@@ -75,7 +75,7 @@ class Pagination:
             page = args.get(self.page)
             page = page if isinstance(page, int) and not isinstance(page, bool) else 1
             return f"Call {name} with {self.page}={page + 1} for the next page; the rest of this one was cut."
-        return f"Call {name} with a smaller {self.limit} to fit the limit."
+        return f"Call {name} with a smaller {self.limit} to get a response that fits."
 
 
 def no_pagination_hint(tool: str | None) -> str:

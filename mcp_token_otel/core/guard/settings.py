@@ -18,18 +18,17 @@ GUARD_MODES: tuple[str, ...] = ("off", "observe", "enforce")
 PaddingAction = Literal["notice", "strip"]
 PADDING_ACTIONS: tuple[str, ...] = ("notice", "strip")
 
-#: List prices in USD per million input tokens (vendors' public price pages, standard tier, prompts up to
-#: 200K tokens where prices are tiered). Documented defaults only: prices change, override them in config.
+#: Standard-tier list prices in USD per million input tokens (prompts up to 200K tokens where prices are
+#: tiered), as published in November 2026 (Anthropic's model pages; OpenAI's and Google's pricing pages as
+#: quoted by price trackers). Documented defaults only: prices change, so override them in config.
 DEFAULT_PRICING: Mapping[str, float] = {
-    "claude-opus-4-1": 15.0,
-    "claude-sonnet-4-5": 3.0,
+    "claude-opus-5-5": 4.0,
+    "claude-sonnet-5-5": 2.0,
     "claude-haiku-4-5": 1.0,
-    "gpt-5": 1.25,
-    "gpt-5-mini": 0.25,
-    "gpt-4.1": 2.0,
-    "gpt-4o": 2.5,
-    "gpt-4o-mini": 0.15,
-    "gemini-2.5-pro": 1.25,
+    "gpt-5.5": 5.0,
+    "gpt-5.4": 2.5,
+    "gpt-5.4-mini": 0.75,
+    "gemini-3.1-pro-preview": 2.0,
     "gemini-2.5-flash": 0.30,
 }
 
