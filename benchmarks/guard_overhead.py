@@ -13,6 +13,8 @@ Arms:
                    cost): decisions and findings only, nothing changes
     enforce-fit    every policy on in enforce mode, cap above the result size: padding scan, annotation
                    (copies the result), cost
+    enforce-cut    the same with the cap at half the result: the cut itself (binary search on the estimator,
+                   the text and structuredContent cut once, the notice), measured again, annotated
     measure        measure_result alone (not a guard arm; the recorder's own cost)
 
     python benchmarks/guard_overhead.py [--blocks 20] [--calls 100]
@@ -61,6 +63,7 @@ def arms(text: str) -> dict[str, Callable[[], Any]]:
         "off": GuardEngine(GuardSettings()),
         "observe": GuardEngine(all_policies("observe", max(1, m.data_tokens // 2))),
         "enforce-fit": GuardEngine(all_policies("enforce", m.data_tokens * 2)),
+        "enforce-cut": GuardEngine(all_policies("enforce", max(1, m.data_tokens // 2))),
     }
 
     def message(engine: GuardEngine) -> Callable[[], Any]:
@@ -74,6 +77,7 @@ def arms(text: str) -> dict[str, Callable[[], Any]]:
     out["measure"] = lambda: measure_result("tools/call", result, tool_name="fetch", policy=DEFAULT_POLICY)
     # Sanity: off returns the very object, observe changes nothing.
     assert out["off"]().result is result and out["observe"]().result is result
+    assert out["enforce-cut"]().result is not result
     return out
 
 

@@ -478,3 +478,52 @@ def test_bad_input_never_raises() -> None:
         e.on_result("tools/call", value, tool="t")
         e.on_request("tools/call", value)
     e.learn_tools({"tools": [None, {"name": 5}, {"name": "x", "inputSchema": "odd"}]})
+
+
+@pytest.mark.parametrize(
+    ("properties", "arguments", "hint"),
+    [({"page": {}, "per_page": {}}, {}, "Call t with a smaller per_page to see all of this page."),
+     ({"page": {}}, {"page": 2}, "Call t with page=3 for the next page; the rest of this one was cut."),
+     ({"limit": {}}, {}, "Call t with a smaller limit to get a response that fits."),
+     ({"pageToken": {}}, {}, "Call t with pageToken to page through the rest."),
+     ({"start_line": {}, "max_lines": {}}, {},
+      "Call t with start_line set past the 10 lines (200 characters) shown to continue.")],
+)
+def test_pagination_hints(properties: dict[str, Any], arguments: dict[str, Any], hint: str) -> None:
+    e = engine(mode="enforce", max_response_tokens=50)
+    e.learn_tools({"tools": [{"name": "t", "inputSchema": {"type": "object", "properties": properties}}]})
+    notice = e.on_result("tools/call", text_result(lines(100)), tool="t", arguments=arguments).result["content"][-1]
+    assert notice["text"].endswith(" " + hint + "]")
+
+
+def test_per_tool_cap_by_glob_and_exact_name() -> None:
+    e = engine(mode="enforce", max_response_tokens=50,
+               tools={"read_*": ToolGuard(max_response_tokens=200), "read_secret": ToolGuard(max_response_tokens=10)})
+    result = text_result(lines(100))
+    assert e.on_result("tools/call", result, tool="write").actions[0].numbers["cap"] == 50
+    assert e.on_result("tools/call", result, tool="read_file").actions[0].numbers["cap"] == 200
+    assert e.on_result("tools/call", result, tool="read_secret").actions[0].numbers["cap"] == 10
+    # Only tools/call results are capped.
+    assert e.on_result("resources/read", {"contents": [{"uri": "u", "text": lines(100)}]}).actions == ()
+
+
+def test_action_attributes_for_span_events() -> None:
+    outcome = engine(mode="observe", max_response_tokens=10).on_result("tools/call", text_result(lines(10)),
+                                                                        tool="read_file")
+    assert outcome.actions[0].attributes() == {
+        "mcp_token.guard.policy": "response_cap", "mcp_token.guard.action": "truncated",
+        "mcp_token.guard.enforced": False, "mcp_token.guard.tool": "read_file",
+        "mcp_token.guard.tokens": 50, "mcp_token.guard.cap": 10}
+
+
+@pytest.mark.parametrize("budget", [1, 500, 8000, 20_000, 28_000, 70_000])
+def test_cut_text_on_long_texts_is_close_to_the_budget(budget: int) -> None:
+    from mcp_token_otel.core.estimation import estimate_tokens
+
+    text = "".join(path.read_text() for path in sorted(Path(json.__file__).parent.glob("*.py"))) * 3
+    assert len(text) > 64 * 1024 * 2  # past the estimator's sampling threshold
+    prefix, tokens = cut_text(text, budget, estimate_tokens)
+    assert text.startswith(prefix) and tokens == estimate_tokens(prefix) <= budget
+    # A line end within 256 characters is preferred to the exact point, and above 64 K characters the
+    # estimator samples (within ~3% of a full scan): the cut lands a few percent under the budget at most.
+    assert tokens >= min(budget, estimate_tokens(text)) * 0.94 - 60

@@ -62,8 +62,15 @@ def test_cut_text_is_a_safe_prefix_within_the_budget(text: str, budget: int) -> 
     json.loads(json.dumps(prefix, ensure_ascii=False))  # valid JSON (a surrogate pair comes back joined)
 
 
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | TEXT,
+    lambda children: st.lists(children, max_size=8) | st.dictionaries(TEXT, children, max_size=5),
+    max_leaves=60,
+)
 BLOCK = st.one_of(
     TEXT.map(lambda t: {"type": "text", "text": t}),
+    st.tuples(JSON_VALUE, st.booleans()).map(
+        lambda v: {"type": "text", "text": json.dumps(v[0], indent=2 if v[1] else None, ensure_ascii=False)}),
     st.integers(min_value=1, max_value=4000).map(lambda n: {"type": "image", "data": "QUJD" * n,
                                                             "mimeType": "image/png"}),
     st.just({"type": "resource_link", "uri": "file:///x", "name": "x"}),

@@ -1,9 +1,10 @@
 """Response cap: cut a tool result to a token budget without ever producing broken text or broken JSON.
 
-* Text is cut on a token-estimate boundary (binary search on the estimator, which only grows with the
-  prefix), moved back to a line or word end when one is near, and never inside a surrogate pair or a
-  backslash escape. Python strings hold code points, so a cut can never split a UTF-8 sequence; the
-  wire form is re-encoded from whole code points.
+* Text is cut on a token-estimate boundary (whole 4 K-character chunks while they fit, then a binary
+  search on the estimator, which only grows with the prefix, inside the next one), moved back to a
+  line or word end when one is near, and never inside a surrogate pair or a backslash escape. Python
+  strings hold code points, so a cut can never split a UTF-8 sequence; the wire form is re-encoded from
+  whole code points.
 * JSON (``structuredContent``, and a text block whose text is a JSON object or array) is cut
   structurally: arrays lose whole items from the end (never below the schema's ``minItems``), long
   strings are shortened only where the schema puts no pattern/format/enum/const/minLength on them.
@@ -31,6 +32,8 @@ MAX_JSON_PARSE_CHARS = 8 << 20
 #: Arrays searched for when cutting a JSON value, and how deep.
 _MAX_ARRAYS = 64
 _MAX_DEPTH = 6
+#: Text is cut by whole chunks of this many characters first, then by binary search inside one.
+_CHUNK = 4096
 #: A line or word end this close before the cut point is preferred to a cut mid-word.
 _LINE_LOOKBACK = 256
 _WORD_LOOKBACK = 48
@@ -77,25 +80,33 @@ def cut_text(text: str, max_tokens: int, estimator: Estimator, total: int | None
         return text, total
     if max_tokens <= 0 or not text:
         return "", 0
-    # Invariant: estimate(text[:lo]) <= max_tokens < estimate(text[:hi]); start from the proportional guess.
-    lo, hi = 0, len(text)
-    guess = max(1, min(len(text) - 1, len(text) * max_tokens // total))
-    if estimator(text[:guess]) <= max_tokens:
-        lo = guess
-    else:
-        hi = guess
+    # Whole chunks first, as far as they fit (the cost follows what is kept, not the text's size), then a
+    # binary search inside the chunk that does not; the estimate of the prefix is checked at the end.
+    base = 0
+    spent = 0
+    while len(text) - base > _CHUNK:
+        tokens = estimator(text[base : base + _CHUNK])
+        if spent + tokens > max_tokens:
+            break
+        spent += tokens
+        base += _CHUNK
+    # Invariant: spent + estimate(text[base:lo]) <= max_tokens < spent + estimate(text[base:hi]).
+    lo, hi = base, min(len(text), base + _CHUNK)
+    if hi == len(text) and spent + estimator(text[base:]) <= max_tokens:
+        lo = hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if estimator(text[:mid]) <= max_tokens:
+        if spent + estimator(text[base:mid]) <= max_tokens:
             lo = mid
         else:
             hi = mid
     cut = safe_boundary(text, _nice_boundary(text, lo))
     prefix = text[:cut]
     tokens = estimator(prefix) if prefix else 0
-    # Above the sampling threshold the estimate is not strictly monotone: shrink until it fits.
+    # Chunk estimates add up to about the whole's (a pre-token can straddle a chunk boundary; above the
+    # sampling threshold the whole is sampled): shrink in proportion until the prefix itself fits.
     while tokens > max_tokens and cut > 0:
-        cut = safe_boundary(text, cut - max(1, cut // 50))
+        cut = safe_boundary(text, cut - max(1, cut * (tokens - max_tokens) // tokens, cut // 200))
         prefix = text[:cut]
         tokens = estimator(prefix) if prefix else 0
     return prefix, tokens
@@ -437,13 +448,15 @@ def cap_result(
                 new_structured = {**structured, "result": new_inner} if wrapped else new_inner
             else:
                 parsed = _parse(text)
+                cut = None
                 if parsed is not _NOT_JSON:
                     cut = cut_json(parsed, remaining, lambda v, t=text: estimator(_dumps_like(v, t)), estimator)
+                if cut is not None and cut.tokens <= remaining:
                     new_text, tokens_kept = _dumps_like(cut.value, text), cut.tokens
                     report.arrays.extend((f"content[{index}]" + p, k, n) for p, k, n in cut.arrays)
                     if cut.strings:
                         report.text_blocks_cut += 1
-                else:
+                else:  # not JSON, or JSON whose skeleton alone is above the budget: cut as text
                     new_text, tokens_kept = cut_text(text, remaining, estimator, tokens)
                     report.text_blocks_cut += 1
             new_content.append({**block, "text": new_text})
