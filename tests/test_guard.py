@@ -527,3 +527,13 @@ def test_cut_text_on_long_texts_is_close_to_the_budget(budget: int) -> None:
     # A line end within 256 characters is preferred to the exact point, and above 64 K characters the
     # estimator samples (within ~3% of a full scan): the cut lands a few percent under the budget at most.
     assert tokens >= min(budget, estimate_tokens(text)) * 0.94 - 60
+
+
+@pytest.mark.parametrize("filler", ["latin-1 é ", "two-byte — ", "astral 😀 "])
+def test_invisible_characters_found_whatever_the_string_width(filler: str) -> None:
+    body = filler * 200
+    for hidden, count in (("\u200b", 7), ("\u00ad", 6), ("\U000e0041", 5), ("\ufeff", 9)):
+        text = body + hidden * count + body
+        found = {f.check: f.value for f in scan_text(text, PaddingSettings())}
+        assert found.get("invisible_chars") == count, (filler, hidden)
+        assert strip_invisible(text) == (body + body, count)

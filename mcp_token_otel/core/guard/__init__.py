@@ -16,6 +16,7 @@ from .engine import (
     RESPONSE_CAP,
     SESSION_LIMIT,
     SESSION_WARNING,
+    BudgetView,
     Decision,
     GuardAction,
     GuardEngine,
@@ -32,8 +33,8 @@ from .truncate import CapReport, cap_result, cut_json, cut_text, safe_boundary
 __all__ = [
     "ACTIONS", "ALLOW", "ANNOTATE", "CHAIN_DEPTH", "DEFAULT_PRICING", "GUARD_MODES", "META_DEPTH_KEY",
     "META_GUARD_KEY", "META_PREFIX", "META_TOKENS_KEY", "PADDING", "POLICIES", "RATE_LIMIT", "RESPONSE_CAP",
-    "SESSION_LIMIT", "SESSION_WARNING", "CapReport", "Decision", "GuardAction", "GuardEngine", "GuardOutcome",
-    "GuardSettings", "PaddingFinding", "PaddingSettings", "Pagination", "RateLimiter", "ToolGuard", "ToolInfo",
-    "ToolPolicy", "annotate", "cap_result", "chain_depth", "cost_usd", "cut_json", "cut_text", "safe_boundary",
-    "scan_text", "strip_invisible", "tool_error", "with_depth",
+    "SESSION_LIMIT", "SESSION_WARNING", "BudgetView", "CapReport", "Decision", "GuardAction", "GuardEngine",
+    "GuardOutcome", "GuardSettings", "PaddingFinding", "PaddingSettings", "Pagination", "RateLimiter", "ToolGuard",
+    "ToolInfo", "ToolPolicy", "annotate", "cap_result", "chain_depth", "cost_usd", "cut_json", "cut_text",
+    "safe_boundary", "scan_text", "strip_invisible", "tool_error", "with_depth",
 ]

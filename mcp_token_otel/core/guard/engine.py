@@ -14,9 +14,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from ..budget import SessionBudget
 from ..measure import DEFAULT_POLICY, Measurement, Policy, measure_result
 from ..risk import tier_of
 from . import notices
@@ -43,6 +42,19 @@ ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 _MAX_CACHED = 4096
+
+
+class BudgetView(Protocol):
+    """What the session policies read of a session: :class:`~mcp_token_otel.core.budget.SessionBudget` fits."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def context_window(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +189,7 @@ class GuardEngine:
         params: Any,
         *,
         session_id: str | None = None,
-        budget: SessionBudget | None = None,
+        budget: BudgetView | None = None,
         depth: int | None = None,
         now: float | None = None,
     ) -> Decision:
@@ -234,7 +246,7 @@ class GuardEngine:
         *,
         tool: str | None = None,
         arguments: Mapping[str, Any] | None = None,
-        budget: SessionBudget | None = None,
+        budget: BudgetView | None = None,
         measurement: Measurement | None = None,
     ) -> GuardOutcome:
         """Apply the result-side guards to one successful result (a wire dict).
