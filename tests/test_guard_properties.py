@@ -121,8 +121,13 @@ def test_structured_content_still_validates_after_a_cut(
     result = {"content": content, "structuredContent": structured}
     engine = GuardEngine(GuardSettings(mode="enforce", max_response_tokens=cap))
     engine.learn_tools({"tools": [{"name": "t", "inputSchema": {"type": "object"}, "outputSchema": schema}]})
-    new = engine.on_result("tools/call", result, tool="t").result
+    outcome = engine.on_result("tools/call", result, tool="t")
+    new = outcome.result
     jsonschema.validate(new["structuredContent"], schema)
+    if outcome.actions:
+        numbers = outcome.actions[0].numbers
+        allowed = cap + int(numbers["notice_tokens"]) + int(numbers["over_cap_tokens"])
+        assert measure_result("tools/call", new).data_tokens <= allowed
     kept = new["structuredContent"][key]
     assert kept == items[: len(kept)]  # whole items, from the start
     if duplicate:
