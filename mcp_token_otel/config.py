@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .core.budget import (
     validate_budget,
 )
 from .core.estimators import ESTIMATOR_NAMES, get_estimator
+from .core.guard.settings import GuardSettings
 from .core.measure import Policy
 from .core.risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThresholds
 
@@ -127,6 +129,8 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
+    #: Guardrails (docs/guardrails.md); the dataclasses live in core/guard/settings.py.
+    guard: GuardSettings = field(default_factory=GuardSettings)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -147,6 +151,9 @@ def _type_name(value: Any) -> str:
 
 def _expect_type(path: str, value: Any, hint: Any) -> Any:
     """Check a leaf value against its annotation; ints are accepted where floats are expected."""
+    if typing.get_origin(hint) is types.UnionType:  # `X | None`: an optional override (guard.tools.*)
+        inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        return None if value is None else _expect_type(path, value, inner[0])
     if hint is bool:
         ok = isinstance(value, bool)
         words = "true or false"
@@ -192,6 +199,11 @@ def _build(cls: type, data: Any, path: str) -> Any:
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, {} if value is None else value, key_path)
             continue
+        if typing.get_origin(hint) is dict:
+            kwargs[key] = _build_dict(hint, {} if value is None else value, key_path)
+            continue
+        if value is False and key == "mode" and key_path.startswith("guard."):
+            value = "off"  # YAML 1.1 reads a bare `off` as false
         value = _expect_type(key_path, value, hint)
         meta = fields[key].metadata
         if meta and not meta["ok"](value):
@@ -203,6 +215,22 @@ def _build(cls: type, data: Any, path: str) -> Any:
         raise
     except ValueError as exc:  # cross-field checks name their keys already
         raise ConfigError(f"config key {exc}") from None
+
+
+def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
+    """A mapping of names to values or sections (guard.pricing, guard.tools), every entry checked."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config key '{path}': expected a mapping, got {_type_name(data)}")
+    _, value_hint = typing.get_args(hint)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"config key '{path}': expected names as keys, got {key!r}")
+        if dataclasses.is_dataclass(value_hint):
+            out[key] = _build(value_hint, {} if value is None else value, f"{path}.{key}")
+        else:
+            out[key] = _expect_type(f"{path}.{key}", value, value_hint)
+    return out
 
 
 def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,433 @@
+"""One entry point per message: ``GuardEngine.on_request`` before a request is sent on (or served), and
+``GuardEngine.on_result`` when its result comes back. Pure: wire dicts in, wire dicts and small action
+records out; the caller (shim adapter, proxy) does the I/O, the recorder turns actions into counters and
+span events. See docs/guardrails.md for the integration contract.
+
+Results are never mutated: a changed result is a new dict (containers copied along the changed paths);
+an unchanged one is returned as the very same object. With ``guard.mode: off`` (and no tool override
+turning a guard on) both calls return at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from ..measure import DEFAULT_POLICY, Measurement, Policy, measure_result
+from ..risk import tier_of
+from . import notices
+from .annotate import META_GUARD_KEY, annotate
+from .cost import cost_usd
+from .limits import RateLimiter, chain_depth
+from .padding import PaddingFinding, scan_text, strip_invisible
+from .pagination import Pagination
+from .settings import GuardSettings, ToolPolicy, resolve_tool
+from .truncate import cap_result
+
+#: Policy names (the ``policy`` label of the guard counters).
+RESPONSE_CAP = "response_cap"
+SESSION_LIMIT = "session_limit"
+SESSION_WARNING = "session_warning"
+RATE_LIMIT = "rate_limit"
+CHAIN_DEPTH = "chain_depth"
+PADDING = "padding"
+ANNOTATE = "annotate_meta"
+POLICIES: tuple[str, ...] = (RESPONSE_CAP, SESSION_LIMIT, SESSION_WARNING, RATE_LIMIT, CHAIN_DEPTH, PADDING, ANNOTATE)
+#: Action names (what the policy did, or in observe mode would have done).
+ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped", "annotated")
+
+#: Methods whose results carry text the padding checks read.
+_TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
+_MAX_CACHED = 4096
+
+
+class BudgetView(Protocol):
+    """What the session policies read of a session: :class:`~mcp_token_otel.core.budget.SessionBudget` fits."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def calls(self) -> int: ...
+    @property
+    def context_window(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GuardAction:
+    """One thing a guard did (``enforced``) or would have done in enforce mode (observe)."""
+
+    policy: str
+    action: str
+    tool: str | None
+    enforced: bool
+    numbers: Mapping[str, int | float | str] = field(default_factory=dict)
+
+    def attributes(self, prefix: str = "mcp_token.guard.") -> dict[str, int | float | str | bool]:
+        """Flat span-event attributes: policy, action, enforced, tool and every number."""
+        out: dict[str, int | float | str | bool] = {
+            prefix + "policy": self.policy,
+            prefix + "action": self.action,
+            prefix + "enforced": self.enforced,
+        }
+        if self.tool is not None:
+            out[prefix + "tool"] = self.tool
+        for key, value in self.numbers.items():
+            out[prefix + key] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Whether a request goes on; when not, ``result`` is the tool error result to answer with instead."""
+
+    allow: bool
+    result: dict[str, Any] | None = None
+    actions: tuple[GuardAction, ...] = ()
+
+
+ALLOW = Decision(True)
+
+
+class GuardOutcome(NamedTuple):
+    """``result`` is the input object itself when nothing changed."""
+
+    result: Any
+    actions: tuple[GuardAction, ...] = ()
+    #: Estimated tokens of the result as it enters the context (after any cut), when measured.
+    context_tokens: int | None = None
+    #: Their estimated cost in USD (guard.model and guard.pricing), when known.
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInfo:
+    """What a tools/list result told about one tool."""
+
+    pagination: Pagination | None = None
+    output_schema: Any = None
+
+
+def tool_error(text: str, policy: str, numbers: Mapping[str, int | float | str]) -> dict[str, Any]:
+    """A CallToolResult (wire form) with ``isError: true``: the model reads it, the call was not made."""
+    return {
+        "content": [{"type": "text", "text": text}],
+        "isError": True,
+        "_meta": {META_GUARD_KEY: {"policy": policy, **numbers}},
+    }
+
+
+class GuardEngine:
+    """The guard policies over one configuration; keeps per-session rate windows and learnt tool schemas."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        max_sessions: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.policy = policy
+        modes = {settings.mode, *(o.mode for o in settings.tools.values() if o.mode is not None)}
+        #: False when no guard can ever run: both entry points return at once.
+        self.active = modes != {"off"}
+        self._limiter = RateLimiter(settings.calls_per_minute, 60.0, max_keys=max_sessions, clock=clock)
+        self._tool_policies: dict[str | None, ToolPolicy] = {}
+        self._tools: dict[str, ToolInfo] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ configuration lookups
+
+    def tool_policy(self, tool: str | None) -> ToolPolicy:
+        """The settings for ``tool`` (globs resolved once, then cached; bounded)."""
+        cached = self._tool_policies.get(tool)
+        if cached is None:
+            cached = resolve_tool(self.settings, tool)
+            if len(self._tool_policies) >= _MAX_CACHED:
+                self._tool_policies.clear()
+            self._tool_policies[tool] = cached
+        return cached
+
+    def learn_tools(self, result: Any) -> None:
+        """Remember each listed tool's pagination inputs and outputSchema (from a tools/list result)."""
+        tools = result.get("tools") if isinstance(result, Mapping) else None
+        if not isinstance(tools, list):
+            return
+        with self._lock:
+            for tool in tools:
+                name = tool.get("name") if isinstance(tool, Mapping) else None
+                if not isinstance(name, str):
+                    continue
+                if len(self._tools) >= _MAX_CACHED and name not in self._tools:
+                    self._tools.clear()
+                self._tools[name] = ToolInfo(
+                    Pagination.from_input_schema(tool.get("inputSchema")), tool.get("outputSchema")
+                )
+
+    def tool_info(self, tool: str | None) -> ToolInfo | None:
+        return self._tools.get(tool) if tool is not None else None
+
+    def cost_usd(self, tokens: int) -> float | None:
+        """USD of ``tokens`` entering the context for the configured model (any mode; None without one)."""
+        return cost_usd(tokens, self.settings.model, self.settings.pricing)
+
+    def end_session(self, session_id: str) -> None:
+        """Forget a session's rate window (its connection ended)."""
+        self._limiter.forget(session_id)
+
+    # ------------------------------------------------------------------ requests
+
+    def on_request(
+        self,
+        method: str,
+        params: Any,
+        *,
+        session_id: str | None = None,
+        budget: BudgetView | None = None,
+        depth: int | None = None,
+        now: float | None = None,
+    ) -> Decision:
+        """Decide whether a request goes on. Only ``tools/call`` is ever refused: initialize, ping, list
+        methods and notifications always pass.
+
+        ``budget`` is the session's budget before this call; ``depth`` its chain depth (read from
+        ``params._meta`` when None); ``session_id`` None leaves the rate limit out (no session to count)."""
+        if not self.active or method != "tools/call":
+            return ALLOW
+        name = params.get("name") if isinstance(params, Mapping) else None
+        tool = name if isinstance(name, str) else None
+        tp = self.tool_policy(tool)
+        if not tp.active:
+            return ALLOW
+        s = self.settings
+        label = tool or "the tool"
+        actions: list[GuardAction] = []
+        refusal: dict[str, Any] | None = None
+        if s.max_chain_depth:
+            level = chain_depth(params) if depth is None else depth
+            if level > s.max_chain_depth:
+                numbers = {"depth": level, "limit": s.max_chain_depth}
+                actions.append(GuardAction(CHAIN_DEPTH, "refused", tool, tp.enforce, numbers))
+                if tp.enforce:
+                    refusal = tool_error(notices.depth_exceeded(label, level, s.max_chain_depth), CHAIN_DEPTH,
+                                         numbers)
+        if s.session_hard_limit and budget is not None and budget.state == "exhausted":
+            numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
+                       "calls": budget.calls}
+            actions.append(GuardAction(SESSION_LIMIT, "refused", tool, tp.enforce and refusal is None, numbers))
+            if tp.enforce and refusal is None:
+                refusal = tool_error(
+                    notices.budget_exhausted(label, budget.tokens, budget.context_window, budget.calls),
+                    SESSION_LIMIT, numbers,
+                )
+        if s.rate_limit and session_id is not None and refusal is None:
+            within, count = self._limiter.hit(session_id, record_over=not tp.enforce, now=now)
+            if not within:
+                numbers = {"calls_in_window": count, "limit": s.calls_per_minute}
+                actions.append(GuardAction(RATE_LIMIT, "refused", tool, tp.enforce, numbers))
+                if tp.enforce:
+                    refusal = tool_error(notices.rate_limited(label, s.calls_per_minute), RATE_LIMIT, numbers)
+        if not actions:
+            return ALLOW
+        return Decision(refusal is None, refusal, tuple(actions))
+
+    # ------------------------------------------------------------------ results
+
+    def on_result(
+        self,
+        method: str,
+        result: Any,
+        *,
+        tool: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
+        budget: BudgetView | None = None,
+        measurement: Measurement | None = None,
+    ) -> GuardOutcome:
+        """Apply the result-side guards to one successful result (a wire dict).
+
+        ``measurement`` is the recorder's measure_result of this very result (saves measuring twice);
+        ``arguments`` the call's arguments (pagination hints); ``budget`` the session's budget after it."""
+        if not self.active or not isinstance(result, Mapping):
+            return GuardOutcome(result)
+        if method == "tools/list":
+            self.learn_tools(result)
+        tp = self.tool_policy(tool if method == "tools/call" else None)
+        if not tp.active:
+            return GuardOutcome(result)
+        s = self.settings
+        m = measurement
+        new: Mapping[str, Any] = result
+        actions: list[GuardAction] = []
+        enforce = tp.enforce
+        original_tokens: int | None = None
+
+        if method == "tools/call" and tp.max_response_tokens:
+            if m is None:
+                m = measure_result(method, result, tool_name=tool, policy=self.policy)
+            if m.data_tokens > tp.max_response_tokens:
+                cap = tp.max_response_tokens
+                if enforce:
+                    info = self.tool_info(tool)
+                    cut, report = cap_result(
+                        result, cap, policy=self.policy, measurement=m, tool=tool,
+                        output_schema=info.output_schema if info else None,
+                        pagination=info.pagination if info else None, arguments=arguments,
+                    )
+                    if cut is not None:
+                        new = cut
+                        original_tokens = m.total_tokens
+                    numbers: dict[str, int | float | str] = {
+                        "tokens": report.total_tokens, "kept_tokens": report.kept_tokens, "cap": cap,
+                        "notice_tokens": report.notice_tokens, "text_blocks_cut": report.text_blocks_cut,
+                        "blocks_dropped": report.blocks_dropped, "media_replaced": report.media_replaced,
+                        "arrays_cut": len(report.arrays), "over_cap_tokens": report.over_cap_tokens,
+                    }
+                else:
+                    numbers = {"tokens": m.data_tokens, "cap": cap}
+                actions.append(GuardAction(RESPONSE_CAP, "truncated", tool, enforce, numbers))
+
+        if tp.padding and method in _TEXT_METHODS:
+            new = self._padding(method, result, new, tool, tp, actions)
+
+        if (s.session_warning_note and method == "tools/call" and budget is not None
+                and budget.state != "ok" and isinstance(new.get("content"), list)):
+            numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
+                       "calls": budget.calls}
+            if enforce:
+                note = notices.session_warning(budget.tokens, budget.context_window, budget.calls)
+                new = {**new, "content": [*new["content"], {"type": "text", "text": note}]}
+            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce, numbers))
+
+        context_tokens: int | None = None
+        if new is not result:
+            context_tokens = measure_result(method, new, tool_name=tool, policy=self.policy).total_tokens
+        elif m is not None:
+            context_tokens = m.total_tokens
+
+        if tp.annotate_meta:
+            if context_tokens is None:
+                m = measure_result(method, result, tool_name=tool, policy=self.policy)
+                context_tokens = m.total_tokens
+            value: dict[str, Any] = {
+                "tokens": context_tokens,
+                "tier": tier_of(context_tokens, self.policy.thresholds),
+                "estimator": self.policy.estimator_name,
+            }
+            if original_tokens is not None:
+                value["originalTokens"] = original_tokens
+            annotated = annotate(new, value) if enforce else None
+            if not enforce or annotated is not None:
+                if annotated is not None:
+                    new = annotated
+                actions.append(GuardAction(ANNOTATE, "annotated", tool, enforce, {"tokens": context_tokens}))
+
+        cost = None
+        if s.model:
+            if context_tokens is None:
+                context_tokens = measure_result(method, new, tool_name=tool, policy=self.policy).total_tokens
+            cost = self.cost_usd(context_tokens)
+        if not actions:
+            return GuardOutcome(result, (), context_tokens, cost)
+        return GuardOutcome(new, tuple(actions), context_tokens, cost)
+
+    def _padding(
+        self,
+        method: str,
+        result: Mapping[str, Any],
+        new: Mapping[str, Any],
+        tool: str | None,
+        tp: ToolPolicy,
+        actions: list[GuardAction],
+    ) -> Mapping[str, Any]:
+        findings: list[PaddingFinding] = []
+        for text in _texts(result):
+            findings.extend(scan_text(text, self.settings.padding))
+        if not findings:
+            return new
+        numbers: dict[str, int | float | str] = {"checks": ",".join(dict.fromkeys(f.check for f in findings))}
+        for finding in findings:  # the largest value of each check
+            previous = numbers.get(finding.check, 0)
+            numbers[finding.check] = max(previous if isinstance(previous, (int, float)) else 0, finding.value)
+        if not tp.enforce:
+            actions.append(GuardAction(PADDING, "found", tool, False, numbers))
+            return new
+        stripped = 0
+        if tp.padding_action == "strip" and any(f.check == "invisible_chars" for f in findings):
+            new, stripped = _strip(new)
+            numbers["stripped"] = stripped
+        noticed = method == "tools/call" and isinstance(new.get("content"), list)
+        if noticed:  # first, so the model reads the warning before the content
+            notice = {"type": "text", "text": notices.padding(findings, stripped)}
+            new = {**new, "content": [notice, *new["content"]]}
+        actions.append(GuardAction(PADDING, "stripped" if stripped else "found", tool, noticed or stripped > 0,
+                                   numbers))
+        return new
+
+
+def _texts(result: Mapping[str, Any]) -> list[str]:
+    """The texts a model reads in a result: text blocks, embedded resources, resource contents, prompt messages."""
+    out: list[str] = []
+    blocks: list[Any] = []
+    for key in ("content", "contents"):
+        value = result.get(key)
+        if isinstance(value, list):
+            blocks.extend(value)
+    messages = result.get("messages")
+    if isinstance(messages, list):
+        blocks.extend(m.get("content") for m in messages if isinstance(m, Mapping))
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        text = block.get("text")
+        if isinstance(text, str):
+            out.append(text)
+        resource = block.get("resource")
+        if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
+            out.append(resource["text"])
+    return out
+
+
+def _strip_block(block: Any) -> tuple[Any, int]:
+    if not isinstance(block, Mapping):
+        return block, 0
+    text = block.get("text")
+    if isinstance(text, str):
+        clean, count = strip_invisible(text)
+        return ({**block, "text": clean}, count) if count else (block, 0)
+    resource = block.get("resource")
+    if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
+        clean, count = strip_invisible(resource["text"])
+        return ({**block, "resource": {**resource, "text": clean}}, count) if count else (block, 0)
+    return block, 0
+
+
+def _strip(result: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
+    """A copy of ``result`` without invisible characters in its texts, and how many were removed."""
+    total = 0
+    out = dict(result)
+    for key in ("content", "contents"):
+        value = result.get(key)
+        if isinstance(value, list):
+            blocks = []
+            for block in value:
+                clean, count = _strip_block(block)
+                blocks.append(clean)
+                total += count
+            out[key] = blocks
+    messages = result.get("messages")
+    if isinstance(messages, list):
+        cleaned = []
+        for message in messages:
+            if isinstance(message, Mapping):
+                content, count = _strip_block(message.get("content"))
+                total += count
+                message = {**message, "content": content} if count else message
+            cleaned.append(message)
+        out["messages"] = cleaned
+    return (out, total) if total else (result, 0)

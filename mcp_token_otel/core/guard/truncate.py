@@ -1,0 +1,508 @@
+"""Response cap: cut a tool result to a token budget without ever producing broken text or broken JSON.
+
+* Text is cut on a token-estimate boundary (whole 4 K-character chunks while they fit, then a binary
+  search on the estimator, which only grows with the prefix, inside the next one), moved back to a
+  line or word end when one is near, and never inside a surrogate pair or a backslash escape. Python
+  strings hold code points, so a cut can never split a UTF-8 sequence; the wire form is re-encoded from
+  whole code points.
+* JSON (``structuredContent``, and a text block whose text is a JSON object or array) is cut
+  structurally: arrays lose whole items from the end (never below the schema's ``minItems``), long
+  strings are shortened only where the schema puts no pattern/format/enum/const/minLength on them.
+  The value stays JSON and, for the schema keywords honoured here, still validates.
+* Image, audio and blob blocks that do not fit are replaced by a notice.
+
+Accounting follows :func:`mcp_token_otel.core.measure.measure_result` block by block (same estimator,
+same data/overhead rule), so the cut result measures at most ``cap`` data tokens plus the notices added.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..measure import Measurement, Policy, measure_result
+from ..payload import Estimator, size_value
+from . import notices
+from .pagination import Pagination, no_pagination_hint
+
+#: Text blocks larger than this are never parsed as JSON (they are cut as text).
+MAX_JSON_PARSE_CHARS = 8 << 20
+#: Arrays searched for when cutting a JSON value, and how deep.
+_MAX_ARRAYS = 64
+_MAX_DEPTH = 6
+#: Text is cut by whole chunks of this many characters first, then by binary search inside one.
+_CHUNK = 4096
+#: A line or word end this close before the cut point is preferred to a cut mid-word.
+_LINE_LOOKBACK = 256
+_WORD_LOOKBACK = 48
+# Schema keywords under which a string must not be shortened.
+_STRING_LOCKS = ("pattern", "format", "enum", "const", "contentEncoding", "contentMediaType")
+
+
+# --------------------------------------------------------------------------------------------- text
+
+
+def safe_boundary(text: str, cut: int) -> int:
+    """Move ``cut`` back so text[:cut] ends neither between a surrogate pair nor inside a ``\\`` escape."""
+    cut = max(0, min(cut, len(text)))
+    if 0 < cut < len(text) and "\ud800" <= text[cut - 1] <= "\udbff" and "\udc00" <= text[cut] <= "\udfff":
+        cut -= 1
+    # An escape in the text itself (JSON or code shown as text): \n, \", \\, \uXXXX.
+    backslash = text.rfind("\\", max(0, cut - 6), cut)
+    if backslash >= 0:
+        run_start = backslash
+        while run_start > 0 and text[run_start - 1] == "\\":
+            run_start -= 1
+        if (backslash - run_start) % 2 == 0:  # this backslash starts an escape (it is not itself escaped)
+            need = 6 if text[backslash + 1 : backslash + 2] == "u" else 2
+            if cut - backslash < need:
+                cut = backslash
+    return cut
+
+
+def _nice_boundary(text: str, cut: int) -> int:
+    """Prefer the end of a line, then of a word, just before ``cut``."""
+    if cut >= len(text):
+        return cut
+    newline = text.rfind("\n", max(0, cut - _LINE_LOOKBACK), cut)
+    if newline > 0:
+        return newline + 1
+    space = text.rfind(" ", max(0, cut - _WORD_LOOKBACK), cut)
+    return space + 1 if space > 0 else cut
+
+
+def cut_text(text: str, max_tokens: int, estimator: Estimator, total: int | None = None) -> tuple[str, int]:
+    """The longest prefix of ``text`` estimated at ``max_tokens`` or fewer, and its estimate."""
+    total = estimator(text) if total is None else total
+    if total <= max_tokens:
+        return text, total
+    if max_tokens <= 0 or not text:
+        return "", 0
+    # Whole chunks first, as far as they fit (the cost follows what is kept, not the text's size), then a
+    # binary search inside the chunk that does not; the estimate of the prefix is checked at the end.
+    base = 0
+    spent = 0
+    while len(text) - base > _CHUNK:
+        tokens = estimator(text[base : base + _CHUNK])
+        if spent + tokens > max_tokens:
+            break
+        spent += tokens
+        base += _CHUNK
+    # Invariant: spent + estimate(text[base:lo]) <= max_tokens < spent + estimate(text[base:hi]).
+    lo, hi = base, min(len(text), base + _CHUNK)
+    if hi == len(text) and spent + estimator(text[base:]) <= max_tokens:
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if spent + estimator(text[base:mid]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid
+    cut = safe_boundary(text, _nice_boundary(text, lo))
+    prefix = text[:cut]
+    tokens = estimator(prefix) if prefix else 0
+    # Chunk estimates add up to about the whole's (a pre-token can straddle a chunk boundary; above the
+    # sampling threshold the whole is sampled): shrink in proportion until the prefix itself fits.
+    while tokens > max_tokens and cut > 0:
+        cut = safe_boundary(text, cut - max(1, cut * (tokens - max_tokens) // tokens, cut // 200))
+        prefix = text[:cut]
+        tokens = estimator(prefix) if prefix else 0
+    return prefix, tokens
+
+
+# --------------------------------------------------------------------------------------------- JSON
+
+
+def _resolve(schema: Any, root: Any, seen: int = 0) -> list[Mapping[str, Any]]:
+    """The schema nodes that constrain a value: follows local $ref and allOf/anyOf/oneOf branches."""
+    if not isinstance(schema, Mapping) or seen > 16:
+        return []
+    out: list[Mapping[str, Any]] = [schema]
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        node: Any = root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            node = node.get(part) if isinstance(node, Mapping) else None
+        out.extend(_resolve(node, root, seen + 1))
+    for combinator in ("allOf", "anyOf", "oneOf"):
+        branches = schema.get(combinator)
+        if isinstance(branches, list):
+            for branch in branches:
+                out.extend(_resolve(branch, root, seen + 1))
+    return out
+
+
+def _child_schemas(nodes: list[Mapping[str, Any]], key: str | int, root: Any) -> list[Mapping[str, Any]]:
+    out: list[Mapping[str, Any]] = []
+    for node in nodes:
+        if isinstance(key, str):
+            props = node.get("properties")
+            sub = props.get(key) if isinstance(props, Mapping) and key in props else node.get("additionalProperties")
+        else:
+            prefix = node.get("prefixItems")
+            sub = prefix[key] if isinstance(prefix, list) and key < len(prefix) else node.get("items")
+        out.extend(_resolve(sub, root))
+    return out
+
+
+def _min_items(nodes: list[Mapping[str, Any]]) -> int:
+    best = 0
+    for node in nodes:
+        for keyword in ("minItems", "minContains"):
+            value = node.get(keyword)
+            if isinstance(value, int) and not isinstance(value, bool):
+                best = max(best, value)
+        prefix = node.get("prefixItems")
+        if isinstance(prefix, list) and node.get("items") is False:
+            best = max(best, 0)
+    return best
+
+
+def _string_cuttable(nodes: list[Mapping[str, Any]]) -> tuple[bool, int]:
+    """Whether a string may be shortened under these schema nodes, and the shortest length allowed."""
+    min_length = 0
+    for node in nodes:
+        if any(keyword in node for keyword in _STRING_LOCKS):
+            return False, 0
+        value = node.get("minLength")
+        if isinstance(value, int) and not isinstance(value, bool):
+            min_length = max(min_length, value)
+    return True, min_length
+
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(slots=True)
+class _Found:
+    path: Path
+    value: Any
+    schemas: list[Mapping[str, Any]]
+    tokens: int
+
+
+def _find(value: Any, schema: Any, estimator: Estimator, want: type) -> list[_Found]:
+    """Arrays (want=list) or long strings (want=str) inside ``value``, with their schema nodes, largest first.
+    Objects are walked by key; arrays are not walked into (their items are cut whole)."""
+    root = schema
+    found: list[_Found] = []
+    stack: list[tuple[Path, Any, list[Mapping[str, Any]]]] = [((), value, _resolve(schema, root))]
+    while stack and len(found) < _MAX_ARRAYS:
+        path, node, nodes = stack.pop()
+        if isinstance(node, want) and (want is list or len(node) > 64):
+            found.append(_Found(path, node, nodes, size_value(node, estimator).tokens))
+        if isinstance(node, dict) and len(path) < _MAX_DEPTH:
+            for key, child in node.items():
+                if isinstance(child, (dict, list, str)):
+                    stack.append(((*path, key), child, _child_schemas(nodes, key, root)))
+    found.sort(key=lambda f: f.tokens, reverse=True)
+    return found
+
+
+def _replace(value: Any, path: Path, new: Any) -> Any:
+    """Copy-on-write: ``value`` with the node at ``path`` replaced (containers along the path are copied)."""
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    copy: Any = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _replace(value[head], rest, new)
+    return copy
+
+
+def _pointer(path: Path) -> str:
+    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else ""
+
+
+@dataclass(slots=True)
+class JsonCut:
+    value: Any
+    tokens: int
+    #: (JSON pointer, items kept, items there were) for each array cut.
+    arrays: list[tuple[str, int, int]] = field(default_factory=list)
+    #: JSON pointers of strings shortened.
+    strings: list[str] = field(default_factory=list)
+
+
+def cut_json(
+    value: Any, max_tokens: int, measure: Callable[[Any], int], estimator: Estimator, schema: Any = None,
+) -> JsonCut:
+    """Cut ``value`` until ``measure(value) <= max_tokens`` (or nothing more may be cut) keeping it valid JSON
+    and within ``schema`` (minItems, string constraints). ``measure`` is how the value is counted (its
+    JSON text, or ``size_value``)."""
+    tokens = measure(value)
+    out = JsonCut(value, tokens)
+    if tokens <= max_tokens:
+        return out
+    for found in _find(value, schema, estimator, list):
+        if out.tokens <= max_tokens:
+            break
+        items: list[Any] = found.value
+        floor = min(len(items), _min_items(found.schemas))
+        if floor >= len(items):  # the schema wants every item there is
+            continue
+        # Item sizes give the first guess; the whole is measured again to confirm (sizes are near additive),
+        # then the largest count that fits is found by galloping from the guess and bisecting.
+        over = out.tokens - max_tokens
+        guess = len(items)
+        dropped = 0
+        while guess > floor and dropped < over:
+            guess -= 1
+            dropped += size_value(items[guess], estimator).tokens
+        best: tuple[int, Any, int] | None = None
+
+        def fits(count: int, path: Path = found.path, items: list[Any] = items) -> bool:
+            nonlocal best
+            trial = _replace(out.value, path, items[:count])
+            trial_tokens = measure(trial)
+            if trial_tokens <= max_tokens:
+                if best is None or count > best[0]:
+                    best = (count, trial, trial_tokens)
+                return True
+            return False
+
+        lo, hi = floor, len(items)  # the answer is the largest count in [lo, hi) that fits
+        guess = max(floor, min(guess, len(items) - 1))
+        if fits(guess):
+            lo = guess + 1
+            if lo < hi and not fits(lo):
+                hi = lo
+        else:
+            hi = guess
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        if best is None:  # even the floor does not fit: keep the floor, go on with other arrays
+            trial = _replace(out.value, found.path, items[:floor])
+            best = (floor, trial, measure(trial))
+        kept, out.value, out.tokens = best
+        if kept < len(items):
+            out.arrays.append((_pointer(found.path), kept, len(items)))
+        value = out.value
+    if out.tokens > max_tokens:
+        for found in _find(out.value, schema, estimator, str):
+            if out.tokens <= max_tokens:
+                break
+            allowed, min_length = _string_cuttable(found.schemas)
+            if not allowed:
+                continue
+            text: str = found.value
+            target = max(0, found.tokens - (out.tokens - max_tokens))
+            prefix, _ = cut_text(text, target, estimator)
+            if len(prefix) < min_length:
+                prefix = text[: safe_boundary(text, min_length)] if min_length <= len(text) else text
+                if len(prefix) < min_length:
+                    continue
+            if len(prefix) < len(text):
+                out.value = _replace(out.value, found.path, prefix)
+                out.tokens = measure(out.value)
+                out.strings.append(_pointer(found.path))
+    return out
+
+
+def _dumps_like(value: Any, original: str) -> str:
+    """JSON text of ``value`` in the style of the text it replaces (indented or compact)."""
+    if "\n" in original.strip():
+        return json.dumps(value, ensure_ascii=False, indent=2)
+    if ", " in original or ": " in original:
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_NOT_JSON = object()
+
+
+def _parse(text: str) -> Any:
+    stripped = text.lstrip()
+    if not stripped or stripped[0] not in "{[" or len(text) > MAX_JSON_PARSE_CHARS:
+        return _NOT_JSON
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+@dataclass(slots=True)
+class CapReport:
+    """What the cap did (or, in observe mode, would do) to one result."""
+
+    cap: int
+    total_tokens: int
+    kept_tokens: int = 0
+    notice_tokens: int = 0
+    text_blocks_cut: int = 0
+    blocks_dropped: int = 0
+    media_replaced: int = 0
+    arrays: list[tuple[str, int, int]] = field(default_factory=list)
+    strings: list[str] = field(default_factory=list)
+    #: The cut could not reach the cap (minItems or constrained strings): tokens above it.
+    over_cap_tokens: int = 0
+    notice: str = ""
+
+
+def _duplicate_index(content: list[Any], structured: Any) -> tuple[int, bool] | None:
+    """Which text block structuredContent repeats: (index, wrapped) where wrapped means {"result": text}."""
+    wrapped = structured.get("result", _NOT_JSON) if isinstance(structured, dict) and len(structured) == 1 else None
+    for index, block in enumerate(content):
+        if not isinstance(block, Mapping) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            continue
+        text = block["text"]
+        if wrapped is not None and wrapped is not _NOT_JSON and isinstance(wrapped, str) and wrapped == text:
+            return index, True
+        parsed = _parse(text)
+        if parsed is _NOT_JSON:
+            continue
+        if parsed == structured:
+            return index, False
+        if wrapped is not None and parsed == wrapped:
+            return index, True
+    return None
+
+
+def cap_result(
+    result: Mapping[str, Any],
+    cap: int,
+    *,
+    policy: Policy,
+    measurement: Measurement | None = None,
+    tool: str | None = None,
+    output_schema: Any = None,
+    pagination: Pagination | None = None,
+    arguments: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any] | None, CapReport]:
+    """Cut a tools/call result to ``cap`` data tokens. Returns (new result, report); the new result is None
+    when the result fits (then the report's kept_tokens is its total)."""
+    m = measurement if measurement is not None else measure_result("tools/call", result, policy=policy)
+    report = CapReport(cap, m.data_tokens, kept_tokens=m.data_tokens)
+    if m.data_tokens <= cap:
+        return None, report
+    estimator = policy.estimator
+    content = result.get("content")
+    content = content if isinstance(content, list) else []
+    has_structured = "structuredContent" in result
+    structured = result.get("structuredContent")
+    duplicate = _duplicate_index(content, structured) if has_structured else None
+    block_tokens = [b.data_tokens for b in m.blocks[: len(content)]]
+    structured_tokens = 0
+    if has_structured and duplicate is None and len(m.blocks) > len(content):
+        structured_tokens = m.blocks[len(content)].data_tokens
+    # structuredContent that is data of its own gets a share of the cap in proportion to its size.
+    structured_budget = cap * structured_tokens // m.data_tokens if structured_tokens else 0
+    remaining = cap - structured_budget
+    new_content: list[Any] = []
+    new_structured = structured
+    kept = 0
+    lines = chars = 0  # of the text shown, for the pagination hint
+    for index, block in enumerate(content):
+        tokens = block_tokens[index] if index < len(block_tokens) else 0
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if tokens <= remaining:
+            new_content.append(block)
+            remaining -= tokens
+            kept += tokens
+            if kind == "text" and isinstance(block.get("text"), str):
+                lines += block["text"].count("\n")
+                chars += len(block["text"])
+            continue
+        if kind in ("image", "audio") or (
+            kind == "resource" and isinstance(block.get("resource"), Mapping) and "blob" in block["resource"]
+        ):
+            mime = block.get("mimeType") if kind != "resource" else block["resource"].get("mimeType")
+            text = notices.media_removed(kind, mime if isinstance(mime, str) else None, tokens, cap)
+            new_content.append({"type": "text", "text": text})
+            report.media_replaced += 1
+            report.notice_tokens += estimator(text)
+            continue
+        is_duplicate = duplicate is not None and duplicate[0] == index
+        if remaining <= 0 and not is_duplicate:  # the duplicate is cut (to its floor) to keep the pair equal
+            report.blocks_dropped += 1
+            continue
+        if kind == "text" and isinstance(block.get("text"), str):
+            text = block["text"]
+            if is_duplicate and duplicate is not None:
+                # The text and structuredContent say the same: cut the JSON once, write the text from it.
+                wrapped = duplicate[1]
+                inner = structured["result"] if wrapped else structured
+                if isinstance(inner, str):
+                    new_text, tokens_kept = cut_text(text, max(0, remaining), estimator, tokens)
+                    new_inner: Any = new_text
+                    if len(new_text) < len(text):
+                        report.text_blocks_cut += 1
+                else:
+                    sub_schema = _wrapped_schema(output_schema) if wrapped else output_schema
+                    cut = cut_json(
+                        inner, max(0, remaining), lambda v, t=text: estimator(_dumps_like(v, t)), estimator, sub_schema
+                    )
+                    new_inner, new_text, tokens_kept = cut.value, _dumps_like(cut.value, text), cut.tokens
+                    prefix = "/result" if wrapped else ""
+                    report.arrays.extend((prefix + p, k, n) for p, k, n in cut.arrays)
+                    report.strings.extend(prefix + p for p in cut.strings)
+                new_structured = {**structured, "result": new_inner} if wrapped else new_inner
+            else:
+                parsed = _parse(text)
+                cut = None
+                if parsed is not _NOT_JSON:
+                    cut = cut_json(parsed, remaining, lambda v, t=text: estimator(_dumps_like(v, t)), estimator)
+                if cut is not None and cut.tokens <= remaining:
+                    new_text, tokens_kept = _dumps_like(cut.value, text), cut.tokens
+                    report.arrays.extend((f"content[{index}]" + p, k, n) for p, k, n in cut.arrays)
+                    if cut.strings:
+                        report.text_blocks_cut += 1
+                else:  # not JSON, or JSON whose skeleton alone is above the budget: cut as text
+                    new_text, tokens_kept = cut_text(text, remaining, estimator, tokens)
+                    report.text_blocks_cut += 1
+            new_content.append({**block, "text": new_text})
+            lines += new_text.count("\n")
+            chars += len(new_text)
+        elif kind == "resource" and isinstance(block.get("resource"), Mapping) and isinstance(
+            block["resource"].get("text"), str
+        ):
+            text = block["resource"]["text"]
+            new_text, tokens_kept = cut_text(text, remaining, estimator, tokens)
+            new_content.append({**block, "resource": {**block["resource"], "text": new_text}})
+            report.text_blocks_cut += 1
+        else:  # a block that cannot be cut (resource link, unknown type) and does not fit
+            report.blocks_dropped += 1
+            continue
+        kept += tokens_kept
+        remaining -= tokens_kept
+    if structured_tokens:
+        cut = cut_json(
+            structured, structured_budget, lambda v: size_value(v, estimator).tokens, estimator, output_schema
+        )
+        new_structured = cut.value
+        kept += cut.tokens
+        report.arrays.extend(("structuredContent" + p, k, n) for p, k, n in cut.arrays)
+        report.strings.extend("structuredContent" + p for p in cut.strings)
+    report.kept_tokens = kept
+    report.over_cap_tokens = max(0, kept - cap)
+    hint = (pagination.hint(tool, report, arguments, lines=lines, chars=chars) if pagination
+            else no_pagination_hint(tool))
+    report.notice = notices.truncated(report, tool, hint)
+    report.notice_tokens += estimator(report.notice)
+    new_content.append({"type": "text", "text": report.notice})
+    new_result = {**result, "content": new_content}
+    if has_structured:
+        new_result["structuredContent"] = new_structured
+    return new_result, report
+
+
+def _wrapped_schema(schema: Any) -> Any:
+    """The schema of ``result`` inside MCPServer's {"result": ...} wrapper (with $defs kept reachable)."""
+    if not isinstance(schema, Mapping):
+        return None
+    props = schema.get("properties")
+    sub = props.get("result") if isinstance(props, Mapping) else None
+    if not isinstance(sub, Mapping):
+        return None
+    # Keep the root's definitions so local $refs inside still resolve.
+    defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
+    return {**defs, **sub}
