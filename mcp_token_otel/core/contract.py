@@ -104,13 +104,28 @@ def _properties(schema: Any) -> Mapping[str, Any]:
     return props if isinstance(props, Mapping) else {}
 
 
+def _resolve(schema: Any, root: Any) -> Any:
+    """A local ``$ref`` (``#/$defs/X``, ``#/definitions/X``) replaced by its target, a few hops at most."""
+    for _ in range(MAX_FIELD_DEPTH):
+        ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            return schema
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, Mapping) else None
+        if not isinstance(target, Mapping):
+            return schema
+        schema = target
+    return schema
+
+
 def input_fields(tool: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The top-level inputs of a tool: name -> {type, required}."""
     schema = tool.get("inputSchema")
     required = schema.get("required") if isinstance(schema, Mapping) else None
     required_names = {str(r) for r in required} if isinstance(required, list) else set()
     return {
-        str(name): {"type": schema_type(prop), "required": str(name) in required_names}
+        str(name): {"type": schema_type(_resolve(prop, schema)), "required": str(name) in required_names}
         for name, prop in _properties(schema).items()
     }
 
@@ -118,10 +133,12 @@ def input_fields(tool: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def output_fields(tool: Mapping[str, Any]) -> dict[str, str]:
     """The fields of a tool's outputSchema as paths -> type: ``total``, ``issues[].title``, ``owner.login``."""
     out: dict[str, str] = {}
+    root = tool.get("outputSchema")
 
     def walk(schema: Any, prefix: str, depth: int) -> None:
-        for name, prop in _properties(schema).items():
+        for name, prop in _properties(_resolve(schema, root)).items():
             path = f"{prefix}{name}"
+            prop = _resolve(prop, root)
             out[path] = schema_type(prop)
             if depth >= MAX_FIELD_DEPTH or not isinstance(prop, Mapping):
                 continue
@@ -130,7 +147,7 @@ def output_fields(tool: Mapping[str, Any]) -> dict[str, str]:
             else:
                 walk(prop, f"{path}.", depth + 1)
 
-    walk(tool.get("outputSchema"), "", 1)
+    walk(root, "", 1)
     return out
 
 
