@@ -11,6 +11,7 @@ on stderr, for a stdio server that died); the whole exchange runs under one time
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -230,7 +231,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str]) -> str:
-    leaves = [e for e in _leaves(exc) if not isinstance(e, anyio.get_cancelled_exc_class())] or _leaves(exc)
+    leaves = [e for e in _leaves(exc) if not isinstance(e, asyncio.CancelledError)] or _leaves(exc)
     leaf = next((e for e in leaves if isinstance(e, DiscoveryError)), leaves[0])
     if isinstance(leaf, TimeoutError):
         message = f"no complete answer from {target.label} within {timeout:g} s"
