@@ -298,3 +298,35 @@ def test_bad_lockfiles(tmp_path: Path) -> None:
         bad.write_text(content)
         out = cli("check", "--lock", str(bad), str(ROOT / "examples" / "tools_list_response.json"))
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+# --------------------------------------------------------------------------- pagination
+
+PAGED_SERVER = ROOT / "tests" / "governance_paged_server.py"
+
+
+def test_every_list_is_followed_through_its_pages() -> None:
+    data = profile_json("--stdio", "--", sys.executable, str(PAGED_SERVER))
+    assert data["counts"] == {"tools": 7, "resources": 5, "resource_templates": 2, "prompts": 3}
+    assert [t["name"] for t in data["tools"]] == [f"tool_{i}" for i in range(7)]
+    assert [t["limit"] for t in data["tools"]] == [10 * (i + 1) for i in range(7)]
+    assert [r["key"] for r in data["resources"]] == [f"paged://resource/{i}" for i in range(5)]
+    only_tools = profile_json("--stdio", "--", sys.executable, str(PAGED_SERVER), "tools-only")
+    assert only_tools["counts"] == {"tools": 7, "resources": 0, "resource_templates": 0, "prompts": 0}
+
+
+def test_mcp_1x_client_follows_pages_too() -> None:
+    v1 = ROOT / ".venv-mcp1" / "bin" / "python"
+    if not v1.exists():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-mcp1 is missing (scripts/test creates it)")
+        pytest.skip(".venv-mcp1 not set up")
+    out = cli("profile", "--json", "--stdio", "--", sys.executable, str(PAGED_SERVER), python=str(v1))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["counts"] == {"tools": 7, "resources": 5, "resource_templates": 2, "prompts": 3}
+
+
+def test_a_cursor_that_never_ends_is_an_error() -> None:
+    out = cli("profile", "--stdio", "--", sys.executable, str(PAGED_SERVER), "loop")
+    assert out.returncode == 2 and "tools/list: the server repeated the cursor '0'" in out.stderr
+    assert out.stderr.count("\n") == 1
