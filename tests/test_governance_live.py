@@ -330,3 +330,33 @@ def test_a_cursor_that_never_ends_is_an_error() -> None:
     out = cli("profile", "--stdio", "--", sys.executable, str(PAGED_SERVER), "loop")
     assert out.returncode == 2 and "tools/list: the server repeated the cursor '0'" in out.stderr
     assert out.stderr.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- the CI recipe
+
+
+def test_example_workflow_commands_run_as_written(tmp_path: Path) -> None:
+    """The commands of examples/github-workflow-token-check.yml, with the project's test server standing in
+    for ``python -m my_mcp_server``."""
+    import shlex
+
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / "examples" / "github-workflow-token-check.yml").read_text())
+    steps = workflow["jobs"]["token-check"]["steps"]
+    script = "\n".join(step.get("run", "") for step in steps).replace("\\\n", " ")
+    commands = [shlex.split(line.split(">")[0]) for line in script.splitlines()
+                if line.strip().startswith("mcp-token-otel ")]
+    assert [c[1] for c in commands] == ["profile", "check"]
+    server = [sys.executable, str(STDIO_SERVER)]
+
+    def args(command: list[str]) -> list[str]:
+        index = command.index("--stdio")
+        assert command[index + 1 : index + 5] == ["--", "python", "-m", "my_mcp_server"]
+        return [*command[1 : index + 2], *server]
+
+    assert cli("lock", "-o", str(tmp_path / "mcp-token-otel.lock.json"), "--stdio", "--", *server).returncode == 0
+    for command in commands:
+        out = cli(*args(command), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+    assert "no differences" in out.stdout
