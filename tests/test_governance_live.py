@@ -75,6 +75,18 @@ def everything_url() -> Iterator[str]:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def time_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mcp-server-time's listing, fetched once through the discovery adapter and saved as a file."""
+    from mcp_token_otel.adapters.discovery import Target, discover
+
+    found = discover(Target(command=(console_script("mcp-server-time"),)), timeout=60)
+    path = tmp_path_factory.mktemp("time") / "time.json"
+    path.write_text(json.dumps({"serverInfo": {"name": found.server_name, "version": found.server_version},
+                                "tools": list(found.tools)}))
+    return path
+
+
 def profile_json(*target: str) -> dict[str, Any]:
     out = cli("profile", "--json", *target)
     assert out.returncode == 0, out.stderr
@@ -94,7 +106,7 @@ def test_profile_the_projects_stdio_server() -> None:
     assert big["definition_tokens"] > 20 and data["definition_tokens"] == data["tool_definition_tokens"]
 
 
-def test_profile_mcp_server_time_table_and_exact_estimator() -> None:
+def test_profile_mcp_server_time_table_and_exact_estimator(time_file: Path) -> None:
     exe = console_script("mcp-server-time")
     out = cli("profile", "--stdio", "--", exe)
     assert out.returncode == 0, out.stderr
@@ -103,9 +115,10 @@ def test_profile_mcp_server_time_table_and_exact_estimator() -> None:
     assert any(line.split()[0] == "get_current_time" for line in lines[2:4])
     assert any(line.startswith("server total: ") and "context window" in line for line in lines)
     assert "aggregate risk: low" in out.stdout
-    exact = profile_json("--estimator", "tiktoken:o200k_base", "--stdio", "--", exe)
+    assert cli("profile", str(time_file)).stdout == out.stdout  # the saved listing reads the same
+    exact = profile_json("--estimator", "tiktoken:o200k_base", str(time_file))
     assert exact["estimator"] == "tiktoken:o200k_base" and exact["definition_tokens"] > 0
-    default = profile_json("--stdio", "--", exe)
+    default = profile_json(str(time_file))
     assert abs(exact["definition_tokens"] - default["definition_tokens"]) <= 0.15 * exact["definition_tokens"]
 
 
@@ -167,14 +180,14 @@ def test_lock_is_byte_identical_twice_and_across_transports(tmp_path: Path, ever
     assert data["lock_version"] == 1 and data["server"]["name"] == "mcp-servers/everything"
 
 
-def test_lock_default_path_and_stdout(tmp_path: Path) -> None:
+def test_lock_default_path_and_stdout(tmp_path: Path, time_file: Path) -> None:
     exe = console_script("mcp-server-time")
     out = cli("lock", "--stdio", "--", exe, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     written = (tmp_path / "mcp-token-otel.lock.json").read_text()
     assert out.stderr.startswith("wrote mcp-token-otel.lock.json: 2 tools")
-    piped = cli("lock", "-o", "-", "--stdio", "--", exe)
-    assert piped.stdout == written
+    piped = cli("lock", "-o", "-", str(time_file))
+    assert piped.stdout == written  # a saved listing locks to the same bytes as the live server
 
 
 def test_lock_on_mcp_1x_matches_mcp_2x(tmp_path: Path) -> None:
@@ -247,16 +260,31 @@ def test_check_clean_then_breaking_then_risky(tmp_path: Path, everything_url: st
     assert md.returncode == 0 and "| **RISKY** | tool | `get-structured-content` | became unbounded |" in md.stdout
 
 
-def test_check_budget_and_percentage_flags(tmp_path: Path) -> None:
-    exe = console_script("mcp-server-time")
+def test_check_budget_and_percentage_flags(tmp_path: Path, time_file: Path) -> None:
     lock = tmp_path / "time.lock.json"
-    assert cli("lock", "-o", str(lock), "--stdio", "--", exe).returncode == 0
+    assert cli("lock", "-o", str(lock), str(time_file)).returncode == 0
     total = json.loads(lock.read_text())["totals"]["definition_tokens"]
-    over = cli("check", "--lock", str(lock), "--token-budget", str(total - 1), "--fail-on", "risky",
-               "--stdio", "--", exe)
+    over = cli("check", "--lock", str(lock), "--token-budget", str(total - 1), "--fail-on", "risky", str(time_file))
     assert over.returncode == 1 and "RISKY" in over.stdout and "over the token budget" in over.stdout
     assert cli("check", "--lock", str(lock), "--token-budget", str(total), "--fail-on", "risky",
-               "--stdio", "--", exe).returncode == 0
+               str(time_file)).returncode == 0
+    # A longer description: +x% tokens is RISKY only above --max-token-increase.
+    listing = json.loads(time_file.read_text())
+    listing["tools"][0]["description"] += " Returns the time, the timezone and whether DST is in effect." * 3
+    grown = tmp_path / "grown.json"
+    grown.write_text(json.dumps(listing))
+    report = json.loads(cli("check", "--lock", str(lock), "--json", str(grown)).stdout)
+    up = next(d for d in report["differences"] if d["subject"] == "get_current_time" and "tokens" in d["change"])
+    pct = float(up["detail"].split("(")[1].split("%")[0])
+    assert pct > 10 and up["class"] == "RISKY"  # above the default 10%
+    strict = cli("check", "--lock", str(lock), "--fail-on", "risky", "--max-token-increase", str(pct - 1),
+                 str(grown))
+    loose = cli("check", "--lock", str(lock), "--fail-on", "risky", "--max-token-increase", str(pct + 1),
+                "--json", str(grown))
+    assert strict.returncode == 1 and loose.returncode == 0
+    assert {d["class"] for d in json.loads(loose.stdout)["differences"]} == {"SAFE"}
+    bad = cli("check", "--lock", str(lock), "--max-token-increase", "nan", str(grown))
+    assert bad.returncode == 2 and "expected a percentage" in bad.stderr
 
 
 # --------------------------------------------------------------------------- errors: one line, exit 2
