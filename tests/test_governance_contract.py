@@ -247,6 +247,13 @@ def test_description_changed_is_safe(everything: Lists) -> None:
     assert changes(everything, new) == {("SAFE", "get-sum", "description changed")}
 
 
+def test_server_version_change_is_safe(everything: Lists) -> None:
+    new = edited(everything, lambda x: x.update(server_version="9.9.9"))
+    found = diff_locks(lock_of(everything), lock_of(new))
+    assert [(d.cls, d.kind, d.change, d.detail) for d in found] == [
+        ("SAFE", "server", "version changed", f"{everything['server_version']} -> 9.9.9")]
+
+
 def test_other_definition_change_is_safe_and_named(everything: Lists) -> None:
     new = edited(everything, lambda x: tool(x, "get-sum").update(title="Sum"))
     assert changes(everything, new) == {("SAFE", "get-sum", "definition changed")}

@@ -20,7 +20,8 @@ locked twice gives byte-identical files.
     up more than the percentage; a new tool that is unbounded or high/critical.
 ``SAFE``
     new optional input; input made optional; output field added; description changed; tier down; became
-    bounded; limit lowered; a new tool under the limits; any other change of a definition.
+    bounded; limit lowered; a new tool under the limits; a new server version; any other change of a
+    definition.
 """
 
 from __future__ import annotations
@@ -482,6 +483,10 @@ def diff_locks(old: Mapping[str, Any], new: Mapping[str, Any], limits: CheckLimi
     old_total = int(old.get("totals", {}).get("definition_tokens", 0))
     new_total = int(new.get("totals", {}).get("definition_tokens", 0))
     server = str(new.get("server", {}).get("name") or old.get("server", {}).get("name") or "server")
+    old_version = str(old.get("server", {}).get("version") or "")
+    new_version = str(new.get("server", {}).get("version") or "")
+    if old_version and new_version and old_version != new_version:
+        out.append(Difference("SAFE", "server", server, "version changed", f"{old_version} -> {new_version}"))
     total = _tokens_change("server", server, old_total, new_total, limits)
     if total is not None:
         out.append(total)
