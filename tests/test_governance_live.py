@@ -388,3 +388,55 @@ def test_example_workflow_commands_run_as_written(tmp_path: Path) -> None:
         out = cli(*args(command), cwd=tmp_path)
         assert out.returncode == 0, out.stderr
     assert "no differences" in out.stdout
+
+
+# --------------------------------------------------------------------------- headers
+
+
+@pytest.fixture(scope="module")
+def guarded_url() -> Iterator[str]:
+    """An MCPServer over streamable HTTP on 127.0.0.1 that answers 401 without ``Authorization: Bearer s3cret``."""
+    import threading
+
+    import uvicorn
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("guarded")
+
+    @server.tool()
+    def whoami() -> str:
+        """Who the caller is."""
+        return "you"
+
+    inner = server.streamable_http_app()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (b"authorization", b"Bearer s3cret") not in scope["headers"]:
+            await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"unauthorized"})
+            return
+        await inner(scope, receive, send)
+
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not uv.started and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.05)
+    assert uv.started, "uvicorn did not start"
+    try:
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_headers_reach_the_server(guarded_url: str) -> None:
+    data = profile_json("--url", guarded_url, "--header", "Authorization: Bearer s3cret")
+    assert data["server"]["name"] == "guarded" and [t["name"] for t in data["tools"]] == ["whoami"]
+    refused = cli("profile", "--url", guarded_url, "--timeout", "20")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"error: {guarded_url}: ") and "(HTTP 401)" in refused.stderr
+    bad = cli("profile", "--url", guarded_url, "--header", "no-colon")
+    assert bad.returncode == 2 and "expected NAME:VALUE" in bad.stderr

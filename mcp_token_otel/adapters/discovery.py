@@ -72,6 +72,17 @@ _LISTS = (
 )
 _METHOD_NOT_FOUND = -32601
 
+@dataclass(slots=True)
+class _Notes:
+    """What the transports saw that the SDK's errors leave out: the last HTTP error status."""
+
+    http_status: int | None = None
+
+    async def on_response(self, response: Any) -> None:  # an httpx event hook
+        if response.status_code >= 400:
+            self.http_status = response.status_code
+
+
 # A page fetcher: (method, cursor) -> the raw result dict.
 _Fetch = Callable[[str, str | None], Awaitable[dict[str, Any]]]
 
@@ -80,18 +91,19 @@ def discover(target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> Discovery:
     """Connect, handshake, list everything (following pagination) and disconnect."""
     if not timeout > 0:
         raise DiscoveryError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    notes = _Notes()
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
         try:
-            return anyio.run(_discover, target, timeout, errlog)
+            return anyio.run(_discover, target, timeout, errlog, notes)
         except DiscoveryError:
             raise
         except BaseException as exc:  # every failure becomes one line
             if isinstance(exc, KeyboardInterrupt | SystemExit):
                 raise
-            raise DiscoveryError(_describe(exc, target, timeout, errlog)) from None
+            raise DiscoveryError(_describe(exc, target, timeout, errlog, notes)) from None
 
 
-async def _discover(target: Target, timeout: float, errlog: IO[str]) -> Discovery:
+async def _discover(target: Target, timeout: float, errlog: IO[str], notes: _Notes) -> Discovery:
     with anyio.fail_after(timeout):
         async with AsyncExitStack() as stack:
             try:
@@ -101,9 +113,9 @@ async def _discover(target: Target, timeout: float, errlog: IO[str]) -> Discover
             except ImportError as exc:  # pragma: no cover - mcp is a dependency
                 raise DiscoveryError(f"the mcp package is not installed: {exc}") from None
             if modern:
-                info, capabilities, fetch = await _open_v2(stack, target, errlog)
+                info, capabilities, fetch = await _open_v2(stack, target, errlog, notes)
             else:
-                info, capabilities, fetch = await _open_v1(stack, target, errlog)
+                info, capabilities, fetch = await _open_v1(stack, target, errlog, notes)
             lists: dict[str, tuple[dict[str, Any], ...]] = {}
             for method, key, capability in _LISTS:
                 announced = capabilities.get(capability) is not None
@@ -150,7 +162,7 @@ def _stdio_params(params_type: Any, target: Target) -> Any:
 
 
 async def _open_v2(
-    stack: AsyncExitStack, target: Target, errlog: IO[str]
+    stack: AsyncExitStack, target: Target, errlog: IO[str], notes: _Notes
 ) -> tuple[dict[str, Any], dict[str, Any], _Fetch]:
     from mcp import Client, types
     from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -160,6 +172,7 @@ async def _open_v2(
 
     if target.url is not None:
         http = await stack.enter_async_context(create_mcp_http_client(headers=dict(target.headers)))
+        http.event_hooks["response"].append(notes.on_response)
         transport: Any = streamable_http_client(target.url, http_client=http)
     else:
         transport = stdio_client(_stdio_params(StdioServerParameters, target), errlog=errlog)
@@ -185,18 +198,24 @@ async def _open_v2(
 
 
 async def _open_v1(
-    stack: AsyncExitStack, target: Target, errlog: IO[str]
+    stack: AsyncExitStack, target: Target, errlog: IO[str], notes: _Notes
 ) -> tuple[dict[str, Any], dict[str, Any], _Fetch]:
     from mcp import ClientSession, types
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamablehttp_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
     from pydantic import BaseModel, ConfigDict
 
     class RawResult(BaseModel):  # keeps every field the server sent
         model_config = ConfigDict(extra="allow")
 
     if target.url is not None:
-        http = streamablehttp_client(target.url, headers=dict(target.headers))
+        def client_factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
+            client = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
+            client.event_hooks["response"].append(notes.on_response)
+            return client
+
+        http = streamablehttp_client(target.url, headers=dict(target.headers), httpx_client_factory=client_factory)
         read, write, _ = await stack.enter_async_context(http)
     else:
         read, write = await stack.enter_async_context(
@@ -230,7 +249,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str]) -> str:
+def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str], notes: _Notes) -> str:
     leaves = [e for e in _leaves(exc) if not isinstance(e, asyncio.CancelledError)] or _leaves(exc)
     leaf = next((e for e in leaves if isinstance(e, DiscoveryError)), leaves[0])
     if isinstance(leaf, TimeoutError):
@@ -240,6 +259,11 @@ def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str
     else:
         text = str(leaf).strip() or type(leaf).__name__
         message = f"{target.label}: {text.splitlines()[0]}"
+        code = getattr(getattr(leaf, "error", None), "code", None)
+        if isinstance(code, int):
+            message += f" (error {code})"
+    if notes.http_status is not None:
+        message += f" (HTTP {notes.http_status})"
     tail = _stderr_tail(errlog)
     if tail:
         message += f" (server stderr: {tail})"
