@@ -2,8 +2,17 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from mcp_token_otel import aggregate_profiles, compute_static_profile, estimate_tokens, profile_tool_definition
-from mcp_token_otel.core.profiles import ENVELOPE_TOKENS, UNBOUNDED_ITEMS, UNKNOWN_ITEM_TOKENS, VALUE_TOKENS
+from mcp_token_otel.core.profiles import (
+    ENVELOPE_TOKENS,
+    UNBOUNDED_ITEMS,
+    UNKNOWN_ITEM_TOKENS,
+    VALUE_TOKENS,
+    base_tokens_of,
+    tool_definition_tokens,
+)
 
 
 def base_of(fields: list[str]) -> int:
@@ -71,3 +80,50 @@ def test_profile_of_a_real_tool_definition() -> None:
     single = profile_tool_definition({"name": "now", "outputSchema": {"type": "object", "properties": {
         "time": {"type": "string"}}}})
     assert single.bounded and single.max_tokens == base_of(["time"]) + ENVELOPE_TOKENS
+
+
+def test_uninformative_output_schema_is_not_safer_than_none() -> None:
+    # Issue 9: {}, {"type": "object"} and a non-object say nothing about the result: same as no schema.
+    none = profile_tool_definition({"name": "t", "inputSchema": {}})
+    for schema in ({}, {"type": "object"}, {"type": "object", "properties": {}}, "object", [1], 3, True):
+        p = profile_tool_definition({"name": "t", "inputSchema": {}, "outputSchema": schema})
+        assert (p.risk, p.bounded, p.max_tokens, p.limit_source) == (none.risk, none.bounded, none.max_tokens, "none")
+        assert (p.risk, p.bounded) == ("high", False), schema
+        assert any("declares no result fields" in r for r in p.recommendations)
+    assert any("not an object (str)" in r for r in profile_tool_definition(
+        {"name": "t", "outputSchema": "object"}).recommendations)
+    assert any("declares no properties" in r for r in profile_tool_definition(
+        {"name": "t", "outputSchema": {"type": "object"}}).recommendations)
+
+
+def test_seed_example_under_both_base_token_rules() -> None:
+    fields = ["id", "name", "email", "address"]
+    seed = compute_static_profile("users", fields, agent_limit=50, rule="seed")
+    assert (seed.max_tokens, seed.risk, seed.base_tokens, seed.bounded) == (1450, "medium", 28, True)
+    default = compute_static_profile("users", fields, agent_limit=50)
+    assert (default.max_tokens, default.risk, default.base_tokens) == (2200, "medium", 43)
+    assert default.rule == "default" and seed.rule == "seed" and seed.limit == 50
+    assert base_tokens_of([], "seed") == base_tokens_of([], "default") == UNKNOWN_ITEM_TOKENS
+    with pytest.raises(ValueError, match="unknown base-token rule 'x'"):
+        base_tokens_of(fields, "x")
+
+
+def test_definition_tokens_count_what_enters_the_context() -> None:
+    tool = {"name": "get", "description": "Get one.", "inputSchema": {"type": "object"},
+            "annotations": {"readOnlyHint": True}, "_meta": {"x": "y" * 400}, "title": "Get"}
+    counted = tool_definition_tokens(tool)
+    assert counted == estimate_tokens('{"name":"get","description":"Get one.","inputSchema":{"type":"object"}}')
+    assert profile_tool_definition(tool).definition_tokens == counted
+    assert tool_definition_tokens(tool, lambda text: len(text)) == len(
+        '{"name":"get","description":"Get one.","inputSchema":{"type":"object"}}')
+
+
+def test_limit_sources() -> None:
+    def out(schema: dict[str, object]) -> str:
+        return profile_tool_definition({"name": "t", "outputSchema": schema}).limit_source
+
+    assert out({"type": "object", "properties": {"a": {"type": "string"}}}) == "single object"
+    assert out({"type": "object", "properties": {"a": {"type": "array", "maxItems": 5}}}) == "maxItems"
+    assert out({"type": "object", "properties": {"a": {"type": "array"}}}) == "none"
+    capped = profile_tool_definition({"name": "t"}, egress_max_bytes=7000)
+    assert capped.limit_source == "egress" and capped.bounded and capped.limit is None

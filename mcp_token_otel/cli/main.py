@@ -16,7 +16,7 @@ import yaml
 from ..config import Config, ConfigError, build_policy, config_as_dict, load_config
 from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from ..core.measure import Measurement, Policy, measure_message, measure_result
-from ..core.profiles import aggregate_profiles, profile_tool_definition
+from . import governance
 
 
 def _read_input(source: str) -> tuple[Any, str | None]:
@@ -87,47 +87,6 @@ def _cmd_estimate(args: argparse.Namespace, config: Config, policy: Policy) -> i
     return 0
 
 
-def _cmd_profile(args: argparse.Namespace, config: Config, policy: Policy) -> int:
-    value, _ = _read_input(args.source)
-    if isinstance(value, dict) and "result" in value:
-        value = value["result"]
-    tools = value.get("tools") if isinstance(value, dict) else value
-    if not isinstance(tools, list):
-        print("error: expected a tools/list result (an object with a 'tools' array)", file=sys.stderr)
-        return 2
-    defs = [t for t in tools if isinstance(t, dict)]
-    agg = aggregate_profiles(
-        profile_tool_definition(t, egress_max_bytes=args.egress_max_bytes, thresholds=policy.thresholds)
-        for t in defs
-    )
-    if args.json:
-        json.dump(
-            {
-                "overall_risk": agg.overall_risk,
-                "unbounded_tool_names": list(agg.unbounded_tool_names),
-                "critical_tool_names": list(agg.critical_tool_names),
-                "definition_tokens": agg.definition_tokens,
-                "recommendations": list(agg.recommendations),
-                "tools": [
-                    {k: getattr(p, k) for k in p.__dataclass_fields__} | {"recommendations": list(p.recommendations)}
-                    for p in agg.profiles
-                ],
-            },
-            sys.stdout,
-            indent=2,
-        )
-        print()
-        return 0
-    print(f"  {'tool':<32}{'risk':>10}{'bounded':>9}{'max tokens':>12}{'definition':>12}")
-    for p in agg.profiles:
-        print(f"  {p.tool_name:<32}{p.risk:>10}{'yes' if p.bounded else 'no':>9}"
-              f"{p.max_tokens:>12,}{p.definition_tokens:>12,}")
-    print(f"overall risk: {agg.overall_risk}; tool definitions cost {agg.definition_tokens:,} tokens")
-    for rec in agg.recommendations:
-        print(f"- {rec}")
-    return 0
-
-
 def _cmd_config(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     print(yaml.safe_dump(config_as_dict(config, hide_secrets=True), sort_keys=False), end="")
     return 0
@@ -174,11 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--tool", help="the tool name, for advisories")
     est.set_defaults(func=_cmd_estimate)
 
-    prof = sub.add_parser("profile", help="static risk profiles of the tools in a tools/list result")
-    prof.add_argument("source", help="a file, or - for standard input")
-    prof.add_argument("--json", action="store_true", help="machine-readable output")
-    prof.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
-    prof.set_defaults(func=_cmd_profile, estimator=None)
+    governance.register(sub)  # profile, lock, check
 
     demo = sub.add_parser("demo", help="run an instrumented MCP server and client, serving /metrics")
     demo.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")

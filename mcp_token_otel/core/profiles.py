@@ -7,9 +7,20 @@ A profile bounds a tool's response from what is known about it, in priority orde
    (50 tokens of envelope around the items);
 3. neither: the tool is unbounded and ``max_tokens = base_tokens * 100`` stands in for "very large".
 
-``base_tokens`` is the estimated cost of one item: for each field its name plus a typical short value
-(``VALUE_TOKENS``), plus the item's braces; an item with no known fields costs ``UNKNOWN_ITEM_TOKENS``.
-``min_tokens`` is one item.
+``base_tokens`` is the estimated cost of one item. Two rules (``BASE_RULES``):
+
+``default``
+    for each field the estimated tokens of ``"name":`` plus a typical short value (``VALUE_TOKENS`` = 8:
+    ids, names, e-mails and dates measure 6 to 10 o200k tokens once quoted and separated), plus the item's
+    braces. Seed 000's worked example (``users``: id, name, email, address; limit 50) gives 2,200, medium.
+``seed``
+    seed 000's rule, for output comparable with it: per field ``ceil(len(name) / 4)`` plus 5 tokens of
+    value (``SEED_VALUE_TOKENS``), plus the braces; the same example gives the seed's 1,450, medium. It
+    undercounts a quoted JSON key (``"email":`` is 3 o200k tokens, not 2) and a typical value (6 to 12):
+    a realistic ``users`` item measures 42 o200k tokens, the default rule says 43, the seed rule 28. Hence
+    not the default.
+
+An item with no known fields costs ``UNKNOWN_ITEM_TOKENS``. ``min_tokens`` is one item.
 """
 
 from __future__ import annotations
@@ -21,13 +32,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .estimation import estimate_tokens
-from .payload import size_value
+from .payload import Estimator, size_value
 from .risk import RISK_TIERS, RiskThresholds, RiskTier, classify_risk
 
 #: Tokens assumed for one field's value when only its name is known.
 VALUE_TOKENS = 8
 #: Tokens assumed for one item whose fields are unknown (no field names, no outputSchema).
 UNKNOWN_ITEM_TOKENS = 50
+#: Tokens per field value under the seed rule.
+SEED_VALUE_TOKENS = 5
+#: Base-token rules (see the module docstring).
+BASE_RULES: tuple[str, ...] = ("default", "seed")
 #: Envelope tokens around a bounded list of items.
 ENVELOPE_TOKENS = 50
 #: Stand-in item count for a tool with no limit at all.
@@ -56,6 +71,15 @@ class StaticProfile:
     recommendations: tuple[str, ...] = ()
     #: Tokens the tool's own definition (from tools/list) costs in the context; 0 when unknown.
     definition_tokens: int = 0
+    #: The field names of one result item.
+    fields: tuple[str, ...] = ()
+    #: The item limit that bounds the result, None when there is none.
+    limit: int | None = None
+    #: Where the bound comes from: "egress" (a byte cap), "maxItems", "single object", "agent limit" or
+    #: "none" (unbounded).
+    limit_source: str = "none"
+    #: The base-token rule used ("default" or "seed").
+    rule: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +100,17 @@ def _collection_fields(field_names: Sequence[str]) -> list[str]:
     ]
 
 
+def base_tokens_of(field_names: Sequence[str], rule: str = "default") -> int:
+    """The estimated tokens of one result item with these fields, under ``rule`` (``BASE_RULES``)."""
+    if rule not in BASE_RULES:
+        raise ValueError(f"unknown base-token rule {rule!r}; valid rules: {', '.join(BASE_RULES)}")
+    if not field_names:
+        return UNKNOWN_ITEM_TOKENS
+    if rule == "seed":
+        return 2 + sum(math.ceil(len(n) / 4) + SEED_VALUE_TOKENS for n in field_names)
+    return 2 + sum(estimate_tokens(f'"{n}":') + VALUE_TOKENS for n in field_names)
+
+
 def compute_static_profile(
     tool_name: str,
     field_names: Iterable[str],
@@ -85,10 +120,17 @@ def compute_static_profile(
     thresholds: RiskThresholds | None = None,
     collection_fields: Sequence[str] | None = None,
     definition_tokens: int = 0,
+    rule: str = "default",
+    limit_source: str | None = None,
+    schema_note: str | None = None,
 ) -> StaticProfile:
-    """Profile a tool from the fields of one result item, its item limit and its egress cap."""
+    """Profile a tool from the fields of one result item, its item limit and its egress cap.
+
+    ``limit_source`` names where ``agent_limit`` comes from (default "agent limit"); ``schema_note``, when
+    given, replaces the "no outputSchema" recommendation for a tool whose schema says nothing usable.
+    """
     names = [str(n) for n in field_names]
-    base = 2 + sum(estimate_tokens(f'"{n}":') + VALUE_TOKENS for n in names) if names else UNKNOWN_ITEM_TOKENS
+    base = base_tokens_of(names, rule)
     limit = agent_limit if agent_limit is not None and agent_limit > 0 else None
     egress = egress_max_bytes if egress_max_bytes is not None and egress_max_bytes > 0 else None
     if egress is not None:
@@ -119,8 +161,8 @@ def compute_static_profile(
         )
     if not names:
         recommendations.append(
-            f"Tool '{tool_name}' declares no result fields (no outputSchema): its size cannot be bounded "
-            "statically; declare an outputSchema."
+            f"Tool '{tool_name}' declares no result fields ({schema_note or 'no outputSchema'}): its size "
+            "cannot be bounded statically; declare an outputSchema with properties."
         )
     if len(names) > MAX_FIELDS:
         recommendations.append(
@@ -137,7 +179,33 @@ def compute_static_profile(
         field_count=len(names),
         recommendations=tuple(recommendations),
         definition_tokens=definition_tokens,
+        fields=tuple(names),
+        limit=limit if egress is None else None,
+        limit_source="egress" if egress is not None else (limit_source or "agent limit") if limit else "none",
+        rule=rule,
     )
+
+
+#: The keys of a tool definition a client puts into the model's context.
+TOOL_CONTEXT_KEYS: tuple[str, ...] = ("name", "description", "inputSchema", "outputSchema")
+
+
+def tool_definition_tokens(tool: Mapping[str, Any], estimator: Estimator = estimate_tokens) -> int:
+    """Tokens of a tool definition as it enters the model's context: the compact JSON of its name,
+    description, inputSchema and outputSchema (titles, annotations, icons and ``_meta`` stay out)."""
+    return size_value({k: tool[k] for k in TOOL_CONTEXT_KEYS if k in tool}, estimator).tokens
+
+
+def _schema_note(schema: Any) -> str | None:
+    """Why an outputSchema tells nothing about the result's size; None when it declares properties."""
+    if schema is None:
+        return "no outputSchema"
+    if not isinstance(schema, Mapping):
+        return f"outputSchema is not an object ({type(schema).__name__})"
+    props = schema.get("properties")
+    if not isinstance(props, Mapping) or not props:
+        return "outputSchema declares no properties"
+    return None
 
 
 def profile_tool_definition(
@@ -145,17 +213,22 @@ def profile_tool_definition(
     *,
     egress_max_bytes: int | None = None,
     thresholds: RiskThresholds | None = None,
+    estimator: Estimator = estimate_tokens,
+    rule: str = "default",
 ) -> StaticProfile:
     """Profile a real MCP tool definition (an item of a ``tools/list`` result, camelCase).
 
     Fields come from its ``outputSchema``: the properties of the items of an array property when there
     is one (the per-item cost), else the top-level properties. The smallest ``maxItems`` among the array
-    properties is the limit; any array without ``maxItems`` leaves the tool unbounded. A tool with no
-    outputSchema is unbounded with no known fields. The definition itself is costed too.
+    properties is the limit; any array without ``maxItems`` leaves the tool unbounded. A tool whose
+    outputSchema is missing, not an object, or declares no properties (``{}``, ``{"type": "object"}``)
+    says nothing about its result: it is unbounded with no known fields, exactly as with none. The
+    definition itself is costed too (:func:`tool_definition_tokens`, with ``estimator``).
     """
     name = str(tool.get("name", "?"))
     schema = tool.get("outputSchema")
-    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    note = _schema_note(schema)
+    props = schema.get("properties") if note is None and isinstance(schema, Mapping) else None
     props = props if isinstance(props, Mapping) else {}
     fields: list[str] = []
     collections: list[str] = []
@@ -175,7 +248,7 @@ def profile_tool_definition(
                 fields.extend(str(k) for k in item_props)
     if not fields:
         fields = [str(k) for k in props]
-    if schema is None or any_unbounded_array:
+    if note is not None or any_unbounded_array:
         limit = None
     else:
         limit = min(limits) if limits else 1  # an object with no arrays is a single item
@@ -186,7 +259,10 @@ def profile_tool_definition(
         egress_max_bytes=egress_max_bytes,
         thresholds=thresholds,
         collection_fields=collections if limit is None else [],
-        definition_tokens=size_value(dict(tool), estimate_tokens).tokens,
+        definition_tokens=tool_definition_tokens(tool, estimator),
+        rule=rule,
+        limit_source="maxItems" if limits else "single object",
+        schema_note=note,
     )
 
 
