@@ -102,6 +102,10 @@ class PrometheusConfig:
     #: Require HTTP basic auth when set; both or neither.
     basic_auth_username: str = ""
     basic_auth_password: str = ""
+    #: Open /metrics connections at most; beyond, new ones are refused at once (503) until some close.
+    max_connections: int = field(default=512, metadata=_POSITIVE_INT)
+    #: Seconds a client has for the TLS handshake and the whole request head (slow-drip clients are dropped).
+    request_timeout_seconds: float = field(default=5.0, metadata=_POSITIVE)
     #: Sustained output-token budgets (tokens per second) exported for the McpTokenSustainedHighUsage alert.
     tool_output_rate_budget: float = field(default=100.0, metadata=_POSITIVE)
     service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)
@@ -117,6 +121,9 @@ class OtelConfig:
     #: When true, instrument() builds OTLP exporters from the standard OTEL_* variables (configure_otel),
     #: unless the application already set its own tracer/meter providers.
     configure: bool = False
+    #: At exit, seconds to wait for the last spans and metrics of the exporters configure_otel built; a dead
+    #: collector then costs this, not the exporters' 10 s timeout and retries per signal.
+    shutdown_timeout_seconds: float = field(default=3.0, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)
