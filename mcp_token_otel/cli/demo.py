@@ -216,7 +216,7 @@ async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, 
                 await anyio.sleep(pace)
 
 
-def _ensure_tracing() -> None:
+def _ensure_tracing(config: Config) -> None:
     """Spans must record for exemplars: use OTLP when configured by OTEL_*, else a local SDK provider."""
     import os
 
@@ -226,7 +226,7 @@ def _ensure_tracing() -> None:
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from ..emitters.otel_setup import configure_otel
 
-        configure_otel()
+        configure_otel(shutdown_timeout=config.otel.shutdown_timeout_seconds)
     elif not isinstance(trace.get_tracer_provider(), TracerProvider):
         trace.set_tracer_provider(TracerProvider())
 
@@ -245,7 +245,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             config.prometheus, enabled=True, host=options.metrics_host, port=options.metrics_port
         ),
     )
-    _ensure_tracing()
+    _ensure_tracing(config)
     recorder = shim.instrument(config)
     if recorder is None:
         raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
