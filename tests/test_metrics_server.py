@@ -241,3 +241,45 @@ def test_tls_slow_handshakes_do_not_hold_threads(tmp_path: Path, start: Callable
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_concurrent_scrapes_share_renderings_but_never_across_credentials(
+    start: Callable[..., MetricsServer],
+) -> None:
+    """Scrapes that arrive during a rendering share it; the credentials are part of what is shared, so a
+    request without them never gets the body rendered for one with them."""
+    import base64
+
+    from mcp_token_otel.emitters.metrics_server import BasicAuth
+
+    server = start(auth=BasicAuth("prom", "s3cret"))
+    good = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
+
+    def fetch(authorised: bool) -> tuple[bool, int, bytes]:
+        request = urllib.request.Request(server.url, headers=good if authorised else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return authorised, response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return authorised, exc.code, exc.read()
+
+    with ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(fetch, [i % 2 == 0 for i in range(400)]))
+    for authorised, status, body in results:
+        if authorised:
+            assert status == 200 and b"demo_things_total" in body
+        else:
+            assert status == 401 and b"demo_things" not in body
+
+
+def test_a_sequential_scrape_sees_what_was_recorded_before_it() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg)
+    try:
+        for i in range(1, 30):
+            counter.inc()
+            with urllib.request.urlopen(server.url, timeout=30) as response:
+                assert f"fresh_total {float(i)}".encode() in response.read()
+    finally:
+        server.close()

@@ -96,8 +96,9 @@ def metrics_asgi_app(registry: CollectorRegistry, auth: BasicAuth | None = None)
 DEFAULT_REQUEST_TIMEOUT = 5.0
 #: Open connections at most (prometheus.max_connections); beyond, new ones get a 503 at once.
 DEFAULT_MAX_CONNECTIONS = 512
-#: Threads rendering responses. Rendering holds the GIL, so more threads would not scrape faster.
-DEFAULT_WORKERS = 4
+#: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
+#: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
+DEFAULT_WORKERS = 16
 #: Pending connections the kernel queues before accept(): the standard library's 5 overflowed under 50
 #: parallel scrapers (each overflow costs the client a 1 s SYN retry).
 LISTEN_BACKLOG = 1024
@@ -130,6 +131,67 @@ def tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
             "(expected a certificate and its matching unencrypted private key)"
         ) from None
     return context
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: tuple[str, list[tuple[str, str]], bytes] | None = None
+
+
+#: Request fields that select what a scrape returns: requests equal in these may share one rendering.
+#: The credentials are among them, so an unauthorised request never receives an authorised body.
+_FLIGHT_KEY = ("PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION")
+
+
+class _SingleFlight:
+    """WSGI middleware: a request that arrives while an identical one is being rendered waits for that
+    rendering and gets the same bytes, instead of rendering the registry again. Under a burst of scrapers
+    the cost is one rendering per wave, not one per request; the data is never older than the request's
+    arrival by more than one rendering."""
+
+    def __init__(self, app: WsgiApp) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self._flights: dict[tuple[str, ...], _Flight] = {}
+
+    def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            started[:] = [status, headers]
+            return lambda data: None
+
+        chunks = self._app(environ, start_response)
+        try:
+            body = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if callable(close):
+                close()
+        return started[0], list(started[1]), body
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        key = tuple(str(environ.get(name, "")) for name in _FLIGHT_KEY)
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if leader:
+            try:
+                flight.result = self._render(environ)
+            finally:
+                with self._lock:
+                    del self._flights[key]
+                flight.done.set()
+            result = flight.result
+        else:
+            flight.done.wait(60)
+            result = flight.result if flight.result is not None else self._render(environ)  # leader failed
+        status, headers, body = result
+        start_response(status, headers)
+        return [body]
 
 
 @dataclass(eq=False)
@@ -187,7 +249,7 @@ class MetricsServer:
         workers: int,
     ) -> None:
         self._listener = listener
-        self._app = app
+        self._app = _SingleFlight(app)
         self._context = context
         self.max_connections = max_connections
         self.request_timeout = request_timeout
