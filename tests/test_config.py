@@ -170,3 +170,11 @@ def test_set_up_variables_are_not_configuration_keys() -> None:
     assert used <= SETUP_VARIABLES | set(env_keys()) | {ENV_CONFIG_FILE}
     assert not SETUP_VARIABLES & set(env_keys())  # no set-up name shadows a key
     assert load_config(env={"MCP_TOKEN_OTEL_PIN": "mcp<2", "MCP_TOKEN_OTEL_VENV": "/tmp/v"}) == Config()
+
+
+def test_readme_configuration_table_lists_every_key() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):readme.index("## Estimators")]
+    missing = [f"{'.'.join(path)} ({name})" for name, path in env_keys().items()
+               if f"| `{'.'.join(path)}` |" not in table or f"`{name}`" not in table]
+    assert not missing, f"README configuration table lacks: {missing}"
