@@ -3,7 +3,7 @@
 Starts ``mcp-token-otel demo`` (a subprocess serving /metrics on a free port while its sessions run), then:
 
 * ``idle``: one scraper alone, the reference;
-* ``50 scrapers``: 50 threads scraping back to back (a new connection per scrape);
+* ``50 scrapers``: 50 concurrent asyncio clients scraping back to back (a new connection per scrape);
 * ``500 drip``: one scraper while 500 slow-drip clients each send a header line every second and
   reconnect when the server cuts them at its request deadline; the server's thread count is sampled.
 
@@ -17,6 +17,7 @@ real scrapes stay < 50 ms.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import os
 import re
@@ -29,43 +30,42 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: bench\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
 
-def scrape(host: str, port: int) -> float:
+
+async def _scrape(host: str, port: int) -> float:
+    """One scrape on a new connection, as a light asyncio client (the scrapers' own cost stays small)."""
     start = time.perf_counter()
-    conn = http.client.HTTPConnection(host, port, timeout=30)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
-        conn.request("GET", "/metrics")
-        response = conn.getresponse()
-        body = response.read()
-        if response.status != 200 or b"mcp_token_tokens_total" not in body:
-            raise RuntimeError(f"bad scrape: {response.status}")
+        writer.write(_REQUEST)
+        response = await reader.read()  # the server closes after the response
     finally:
-        conn.close()
+        writer.close()
+    ok = response.startswith(b"HTTP/1.") and b" 200 " in response[:16]
+    if not ok or b"mcp_token_tokens_total" not in response:
+        raise RuntimeError(f"bad scrape: {response[:40]!r}")
     return time.perf_counter() - start
 
 
-def run_scrapers(host: str, port: int, threads: int, seconds: float) -> tuple[list[float], int]:
+def run_scrapers(host: str, port: int, clients: int, seconds: float) -> tuple[list[float], int]:
+    """``clients`` concurrent scrapers, each scraping back to back for ``seconds``."""
     latencies: list[float] = []
     failures = 0
-    lock = threading.Lock()
-    end = time.monotonic() + seconds
 
-    def loop() -> None:
+    async def loop(end: float) -> None:
         nonlocal failures
         while time.monotonic() < end:
             try:
-                took = scrape(host, port)
-                with lock:
-                    latencies.append(took)
+                latencies.append(await asyncio.wait_for(_scrape(host, port), 30))
             except Exception:
-                with lock:
-                    failures += 1
+                failures += 1
 
-    workers = [threading.Thread(target=loop) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    async def main() -> None:
+        end = time.monotonic() + seconds
+        await asyncio.gather(*(loop(end) for _ in range(clients)))
+
+    asyncio.run(main())
     return latencies, failures
 
 
