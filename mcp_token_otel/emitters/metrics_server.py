@@ -431,7 +431,8 @@ class MetricsServer:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(self.request_timeout)  # bounds writing to a client that does not read
                 _Handler(conn, conn.address, self)  # type: ignore[arg-type]
-                self.served += 1
+                with self._lock:
+                    self.served += 1
             except Exception:  # a client that hangs up mid-response is its own problem
                 pass
             finally:
