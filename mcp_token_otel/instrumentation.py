@@ -19,6 +19,7 @@ from typing import Any
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
 from .config import Config, ConfigError, load_config
+from .core.estimators import EstimatorUnavailable
 from .recorder import TokenRecorder
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,10 @@ def instrument(
         except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
             logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
             return None
-        recorder = TokenRecorder(config, tracer_provider, meter_provider)
+        try:
+            recorder = TokenRecorder(config, tracer_provider, meter_provider)
+        except EstimatorUnavailable as exc:  # the configuration names an estimator whose extra is missing
+            raise ConfigError(f"config key 'estimator': {exc}") from None
         # Sinks first, hooks last: once the SDK is patched nothing else can fail half-way.
         service = _new_prometheus(recorder, serve=True) if config.prometheus.enabled else None
         try:

@@ -114,3 +114,21 @@ def test_otlp_set_up_that_fails_is_logged_and_measuring_goes_on(
         assert "cannot set up OTLP export (otel.configure), measuring without it: no module named grpc" in caplog.text
     finally:
         uninstrument()
+
+
+def test_an_estimator_whose_extra_is_missing_is_a_config_error(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from mcp.server.lowlevel.server import Server
+
+    from mcp_token_otel.config import ConfigError
+
+    from mcp_token_otel.core import estimators
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if the exact extra were not installed
+    monkeypatch.setattr(estimators, "_encodings", {})  # and no encoding was loaded earlier in this process
+    before = Server.__init__
+    with pytest.raises(ConfigError, match=r"config key 'estimator': .*pip install 'mcp-token-otel\[exact\]'"):
+        instrument(make_config(estimator="tiktoken:o200k_base"),
+                   tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert Server.__init__ is before
