@@ -122,7 +122,6 @@ def test_an_estimator_whose_extra_is_missing_is_a_config_error(otel: Otel, monke
     from mcp.server.lowlevel.server import Server
 
     from mcp_token_otel.config import ConfigError
-
     from mcp_token_otel.core import estimators
 
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if the exact extra were not installed
