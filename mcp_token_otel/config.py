@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -34,8 +35,11 @@ from .core.risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThres
 
 ENV_PREFIX = "MCP_TOKEN_OTEL_"
 ENV_CONFIG_FILE = "MCP_TOKEN_OTEL_CONFIG"
+#: Set-up variables read by scripts/bootstrap, scripts/run and scripts/test (the virtualenv, an extra pip
+#: requirement): they share the prefix but are not configuration keys, so the loader ignores them.
+SETUP_VARIABLES = frozenset({"MCP_TOKEN_OTEL_VENV", "MCP_TOKEN_OTEL_PIN"})
 # Variables with the prefix that are not configuration keys.
-_ENV_NOT_KEYS = frozenset({ENV_CONFIG_FILE, "MCP_TOKEN_OTEL_VENV"})
+_ENV_NOT_KEYS = frozenset({ENV_CONFIG_FILE, *SETUP_VARIABLES})
 
 
 class ConfigError(ValueError):
@@ -100,6 +104,10 @@ class PrometheusConfig:
     #: Require HTTP basic auth when set; both or neither.
     basic_auth_username: str = ""
     basic_auth_password: str = ""
+    #: Open /metrics connections at most; beyond, new ones are refused at once (503) until some close.
+    max_connections: int = field(default=512, metadata=_POSITIVE_INT)
+    #: Seconds a client has for the TLS handshake and the whole request head (slow-drip clients are dropped).
+    request_timeout_seconds: float = field(default=5.0, metadata=_POSITIVE)
     #: Sustained output-token budgets (tokens per second) exported for the McpTokenSustainedHighUsage alert.
     tool_output_rate_budget: float = field(default=100.0, metadata=_POSITIVE)
     service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)
@@ -115,6 +123,9 @@ class OtelConfig:
     #: When true, instrument() builds OTLP exporters from the standard OTEL_* variables (configure_otel),
     #: unless the application already set its own tracer/meter providers.
     configure: bool = False
+    #: At exit, seconds to wait for the last spans and metrics of the exporters configure_otel built; a dead
+    #: collector then costs this, not the exporters' 10 s timeout and retries per signal.
+    shutdown_timeout_seconds: float = field(default=3.0, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,18 @@ class Config:
 SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
 
 
+#: Longest shown value in a message: a 100 KB value must not become a 100 KB error line.
+_SHOWN_CHARS = 80
+
+
 def _shown(path: str, value: Any) -> str:
-    return "<hidden>" if path in SECRET_KEYS else repr(value)
+    if path in SECRET_KEYS:
+        return "<hidden>"
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested thousands deep
+        return f"a {_type_name(value)} nested too deeply to show"
+    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text):,} characters)"
 
 
 def _type_name(value: Any) -> str:
@@ -253,6 +274,31 @@ def _leaf_type(path: tuple[str, ...]) -> Any:
     return cls
 
 
+def _env_scalar(raw: str) -> Any:
+    """A variable's value as a YAML scalar; anything else (a list, a mapping, unparsable or nested too deeply
+    to parse) stays the raw text, which the type check then rejects by name."""
+    if not raw.strip():
+        return None
+    try:
+        value = yaml.safe_load(raw)
+    except (yaml.YAMLError, RecursionError):
+        return raw
+    return value if isinstance(value, (bool, int, float, str)) or value is None else raw
+
+
+def _yaml_error(path: Any, exc: yaml.YAMLError) -> ConfigError:
+    """One line naming the file and position, never the offending text: PyYAML quotes the line, which may
+    hold a secret (a basic-auth password)."""
+    where = ""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        where = f" at line {mark.line + 1}, column {mark.column + 1}"
+    problem = getattr(exc, "problem", None) or type(exc).__name__
+    # Problems may quote a token of the file; keep one-character quotes ('\t'), hide longer ones.
+    problem = re.sub(r"(['\"])[^'\"\n]{2,}\1", "<text>", str(problem)).replace("\n", " ")
+    return ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}")
+
+
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     known = env_keys()
     for name, raw in env.items():
@@ -265,10 +311,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         if _leaf_type(known[name]) is str:
             value: Any = raw  # kept verbatim: a password "12345678" or a host "0x1F" is text, not a number
         else:
-            try:
-                value = yaml.safe_load(raw) if raw.strip() else None
-            except yaml.YAMLError:
-                value = raw
+            value = _env_scalar(raw)
         *parents, leaf = known[name]
         node = data
         for part in parents:
@@ -287,13 +330,21 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     data: Any = {}
     if path is not None:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            raw = Path(path).read_bytes()
         except OSError as exc:
             raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror or exc}") from None
         try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {str(path)!r} is not valid UTF-8 (first bad byte at offset {exc.start})"
+            ) from None
+        try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+            raise _yaml_error(path, exc) from None
+        except RecursionError:
+            raise ConfigError(f"config file {str(path)!r} is nested too deeply to parse") from None
         data = {} if data is None else data
         if not isinstance(data, dict):
             raise ConfigError(

@@ -11,13 +11,15 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
 import threading
 from collections.abc import Collection
 from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
-from .config import Config, load_config
+from .config import Config, ConfigError, load_config
+from .core.estimators import EstimatorUnavailable
 from .recorder import TokenRecorder
 
 logger = logging.getLogger(__name__)
@@ -53,17 +55,21 @@ def instrument(
 
     ``config`` defaults to ``load_config()`` (``MCP_TOKEN_OTEL_*`` variables and file). Providers default
     to the global ones; with ``otel.configure`` true, OTLP exporters are set up first from OTEL_*.
-    Returns the recorder, or None when no supported mcp SDK is installed.
+    Returns the recorder, or None when no supported mcp SDK is installed or it cannot be hooked.
+
+    A bad configuration raises ``ConfigError`` naming the key: the caller can fix it. Anything else is all or
+    nothing and never raises into the application: an optional part that fails (OTLP set-up, the Prometheus
+    sink or its server) is logged in one line and skipped; a failure to hook the SDK restores it and
+    returns None. (Under ``opentelemetry-instrument`` a bad configuration is one log line too; see
+    ``McpTokenInstrumentor``.)
     """
-    global _state
+    global _state, _prometheus
     with _lock:
         if _state is not None:
             return _state[0]
         config = config if config is not None else load_config()
         if config.otel.configure:
-            from .emitters.otel_setup import configure_otel
-
-            configure_otel()
+            _configure_otel(config)
         name = detect_adapter()
         if name is None:
             logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
@@ -73,27 +79,55 @@ def instrument(
         except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
             logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
             return None
-        recorder = TokenRecorder(config, tracer_provider, meter_provider)
+        try:
+            recorder = TokenRecorder(config, tracer_provider, meter_provider)
+        except EstimatorUnavailable as exc:  # the configuration names an estimator whose extra is missing
+            raise ConfigError(f"config key 'estimator': {exc}") from None
+        # Sinks first, hooks last: once the SDK is patched nothing else can fail half-way.
+        service = _new_prometheus(recorder, serve=True) if config.prometheus.enabled else None
         try:
             adapter.install(recorder)
         except Exception:
             logger.warning("mcp_token_otel: cannot hook the mcp SDK; nothing instrumented", exc_info=True)
             with contextlib.suppress(Exception):
                 adapter.uninstall()  # restore whatever was patched before the failure
-            recorder.close()
+            with contextlib.suppress(Exception):
+                recorder.close()
+            if service is not None:
+                with contextlib.suppress(Exception):
+                    service.close()
             return None
         _state = (recorder, adapter)
-        if config.prometheus.enabled:
-            _start_prometheus(recorder, serve=True)
+        _prometheus = service
         return recorder
+
+
+def _configure_otel(config: Config) -> None:
+    from .emitters.otel_setup import configure_otel
+
+    try:
+        configure_otel(shutdown_timeout=config.otel.shutdown_timeout_seconds)
+    except Exception as exc:  # e.g. protocol grpc without its exporter package
+        logger.error("mcp_token_otel: cannot set up OTLP export (otel.configure), measuring without it: %s", exc)
+
+
+def _new_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
+    """A PrometheusService feeding from ``recorder``, or None (logged) when its sink cannot be built."""
+    from .emitters.prometheus_service import start_prometheus
+
+    try:
+        return start_prometheus(recorder, recorder.config.prometheus, serve=serve)
+    except Exception as exc:  # e.g. PROMETHEUS_MULTIPROC_DIR names a directory that does not exist
+        multiproc = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        where = f" (PROMETHEUS_MULTIPROC_DIR={multiproc!r})" if multiproc else ""
+        logger.error("mcp_token_otel: Prometheus metrics disabled, cannot set up their sink%s: %s", where, exc)
+        return None
 
 
 def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
     global _prometheus
-    from .emitters.prometheus_service import start_prometheus
-
     if _prometheus is None:
-        _prometheus = start_prometheus(recorder, recorder.config.prometheus, serve=serve)
+        _prometheus = _new_prometheus(recorder, serve=serve)
     return _prometheus
 
 
@@ -109,6 +143,8 @@ def metrics_app(kind: str = "asgi") -> Any:
         if _state is None:
             raise RuntimeError("metrics_app() needs instrument() first")
         service = _start_prometheus(_state[0], serve=False)
+    if service is None:
+        raise RuntimeError("metrics_app(): the Prometheus sink cannot be set up (see the error logged above)")
     if kind not in ("asgi", "wsgi"):
         raise ValueError(f"kind: expected 'asgi' or 'wsgi', got {kind!r}")
     return service.asgi_app() if kind == "asgi" else service.wsgi_app()
@@ -145,11 +181,19 @@ class McpTokenInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         return ("mcp >= 1.20",)
 
     def _instrument(self, **kwargs: Any) -> None:
-        instrument(
-            kwargs.get("config"),
-            tracer_provider=kwargs.get("tracer_provider"),
-            meter_provider=kwargs.get("meter_provider"),
-        )
+        # Nobody can catch an exception here (the launcher logs a traceback and goes on): a bad
+        # configuration is one error line and nothing is instrumented.
+        try:
+            config = kwargs.get("config") or load_config()
+            instrument(
+                config,
+                tracer_provider=kwargs.get("tracer_provider"),
+                meter_provider=kwargs.get("meter_provider"),
+            )
+        except ConfigError as exc:
+            logger.error("mcp_token_otel: not instrumenting, bad configuration: %s", exc)
+        except Exception as exc:  # e.g. an estimator whose extra is not installed
+            logger.error("mcp_token_otel: not instrumenting: %s", exc)
 
     def _uninstrument(self, **kwargs: Any) -> None:
         uninstrument()

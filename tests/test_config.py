@@ -101,3 +101,80 @@ def test_string_keys_from_the_environment_stay_text_and_secrets_are_never_echoed
     shown = config_as_dict(config, hide_secrets=True)
     assert shown["prometheus"]["basic_auth_password"] == "<hidden>"
     assert config_as_dict(config)["prometheus"]["basic_auth_password"] == "12345678"
+
+
+# --- hostile input: one ConfigError naming the file or key, never a traceback, never a secret ---------------
+
+
+def test_invalid_utf8_file_is_a_config_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bin.yaml"
+    bad.write_bytes(b"\xff\xfe budget: 1\n")
+    with pytest.raises(ConfigError, match=r"is not valid UTF-8 \(first bad byte at offset 0\)"):
+        load_config(bad, env={})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[" * 100_000,  # a sequence 100,000 deep
+     "".join(" " * i + f"k{i}:\n" for i in range(5000)),  # a block mapping 5,000 deep
+     "budget:\n  context_window: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n"],  # deep under a real key
+)
+def test_deeply_nested_file_is_a_config_error(tmp_path: Path, text: str) -> None:
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(text)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(deep, env={})
+
+
+def test_deeply_nested_env_value_is_rejected_by_name_in_one_short_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "[" * 100_000})
+    message = str(info.value)
+    assert "'budget.context_window': expected an integer" in message
+    assert "\n" not in message and len(message) < 300
+    # a list or mapping where a scalar belongs is text, rejected by the type check
+    with pytest.raises(ConfigError, match=r"expected an integer, got '\[1, 2\]' \(str\)"):
+        load_config(env={"MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "[1, 2]"})
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['prometheus:\n  basic_auth_username: u\n  basic_auth_password: "s3cr3t-pw\n  port: [\n',
+     "prometheus:\n  basic_auth_password: 's3cr3t-pw\n",
+     "prometheus:\n  basic_auth_password: s3cr3t-pw: x\n",
+     "prometheus:\n\tbasic_auth_password: s3cr3t-pw\n",
+     "prometheus: {basic_auth_password: s3cr3t-pw\n",
+     "prometheus:\n  basic_auth_password: !!python/name:s3cr3t-pw x\n",
+     "prometheus:\n  basic_auth_password: *s3cr3t-pw\n"],
+)
+def test_yaml_syntax_errors_never_echo_the_file(tmp_path: Path, text: str) -> None:
+    bad = tmp_path / "secret.yaml"
+    bad.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(bad, env={})
+    message = str(info.value)
+    assert "s3cr3t" not in message and "\n" not in message
+    assert message.startswith(f"config file {str(bad)!r}")
+
+
+def test_set_up_variables_are_not_configuration_keys() -> None:
+    """scripts/bootstrap, scripts/run and scripts/test read MCP_TOKEN_OTEL_VENV and MCP_TOKEN_OTEL_PIN; exported,
+    they must not break the loader. Every prefixed name the scripts use is either a set-up name or a key."""
+    import re
+
+    from mcp_token_otel.config import ENV_CONFIG_FILE, SETUP_VARIABLES
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    used = {m for f in scripts.iterdir() if f.is_file() for m in re.findall(r"MCP_TOKEN_OTEL_[A-Z_]+", f.read_text())}
+    assert {"MCP_TOKEN_OTEL_VENV", "MCP_TOKEN_OTEL_PIN"} <= used
+    assert used <= SETUP_VARIABLES | set(env_keys()) | {ENV_CONFIG_FILE}
+    assert not SETUP_VARIABLES & set(env_keys())  # no set-up name shadows a key
+    assert load_config(env={"MCP_TOKEN_OTEL_PIN": "mcp<2", "MCP_TOKEN_OTEL_VENV": "/tmp/v"}) == Config()
+
+
+def test_readme_configuration_table_lists_every_key() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):readme.index("## Estimators")]
+    missing = [f"{'.'.join(path)} ({name})" for name, path in env_keys().items()
+               if f"| `{'.'.join(path)}` |" not in table or f"`{name}`" not in table]
+    assert not missing, f"README configuration table lacks: {missing}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import statistics
 import sys
@@ -185,6 +186,20 @@ class DemoOptions:
     interval: float = 5.0
     quiet: bool = False
 
+    def __post_init__(self) -> None:
+        # The CLI checks these too; a library caller gets the same answer instead of a hang or a flood.
+        checks = (
+            ("duration", math.isfinite(self.duration) and self.duration >= 0, "a finite number >= 0"),
+            ("rate", math.isfinite(self.rate) and self.rate > 0, "a positive finite number"),
+            ("sessions", self.sessions > 0, "a positive integer"),
+            ("context_window", self.context_window > 0, "a positive integer"),
+            ("interval", math.isfinite(self.interval) and self.interval >= 0.1, "a finite number >= 0.1"),
+            ("metrics_port", 0 <= self.metrics_port <= 65535, "a port number from 0 to 65535"),
+        )
+        for name, ok, words in checks:
+            if not ok:
+                raise ValueError(f"demo option {name}: expected {words}, got {getattr(self, name)!r}")
+
 
 async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, stop: anyio.Event) -> None:
     from mcp import Client
@@ -201,7 +216,7 @@ async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, 
                 await anyio.sleep(pace)
 
 
-def _ensure_tracing() -> None:
+def _ensure_tracing(config: Config) -> None:
     """Spans must record for exemplars: use OTLP when configured by OTEL_*, else a local SDK provider."""
     import os
 
@@ -211,7 +226,7 @@ def _ensure_tracing() -> None:
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from ..emitters.otel_setup import configure_otel
 
-        configure_otel()
+        configure_otel(shutdown_timeout=config.otel.shutdown_timeout_seconds)
     elif not isinstance(trace.get_tracer_provider(), TracerProvider):
         trace.set_tracer_provider(TracerProvider())
 
@@ -230,7 +245,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             config.prometheus, enabled=True, host=options.metrics_host, port=options.metrics_port
         ),
     )
-    _ensure_tracing()
+    _ensure_tracing(config)
     recorder = shim.instrument(config)
     if recorder is None:
         raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
@@ -244,19 +259,22 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
               f"tokens; {options.sessions} concurrent sessions at ~{options.rate:g} calls/s", file=out, flush=True)
         server = build_server(options.seed)
         deadline = time.monotonic() + options.duration if options.duration > 0 else float("inf")
-        pace = options.sessions / options.rate if options.rate > 0 else 0.0
+        pace = options.sessions / options.rate
         stop = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            for i in range(options.sessions):
-                tg.start_soon(_agent, server, random.Random(options.seed * 1000 + i), deadline, pace, stop)
-            if not options.quiet:
-                tg.start_soon(_report, stats, options.interval, deadline, out)
-            with anyio.move_on_after(max(0.0, deadline - time.monotonic()) if deadline != float("inf") else None):
-                await anyio.sleep_forever()
-            stop.set()
-            tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
-        print("\nfinal summary (server side, output of tools/call):", file=out)
-        print(stats.table(), file=out, flush=True)
+        try:
+            async with anyio.create_task_group() as tg:
+                for i in range(options.sessions):
+                    tg.start_soon(_agent, server, random.Random(options.seed * 1000 + i), deadline, pace, stop)
+                if not options.quiet:
+                    tg.start_soon(_report, stats, options.interval, deadline, out)
+                timeout = max(0.0, deadline - time.monotonic()) if deadline != float("inf") else None
+                with anyio.move_on_after(timeout):
+                    await anyio.sleep_forever()
+                stop.set()
+                tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
+        finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
+            print("\nfinal summary (server side, output of tools/call):", file=out)
+            print(stats.table(), file=out, flush=True)
         return stats
     finally:
         shim.uninstrument()

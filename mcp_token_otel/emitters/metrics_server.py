@@ -1,22 +1,36 @@
 """Serve a prometheus-client registry on ``/metrics``: a standalone server or an app to mount.
 
-Standalone: ``MetricsServer.start(host, port, registry)``, a daemon-thread WSGI server (threaded, so a
-slow scrape never blocks another), optionally over TLS and behind HTTP basic auth. Mounted: the WSGI
-and ASGI apps below, with the same optional basic auth. The content type (Prometheus text or
-OpenMetrics, which carries exemplars) follows the scraper's ``Accept`` header.
+Standalone: ``MetricsServer.start(host, port, registry)`` (IPv4 or IPv6), optionally over TLS and behind
+HTTP basic auth. Mounted: the WSGI and ASGI apps below, with the same optional basic auth. The content
+type (Prometheus text or OpenMetrics, which carries exemplars) follows the scraper's ``Accept`` header.
+
+The standalone server is built to stay cheap under load and abuse. One thread accepts connections and
+reads request heads without blocking (a selector), so a client that connects and drips its headers
+holds a socket, not a thread; a complete request goes to a fixed pool of worker threads that render and
+write the response. Every connection has a deadline for its TLS handshake and whole request head
+(``request_timeout``); past ``max_connections`` open connections new ones get an immediate 503 and are
+closed; the listen backlog is sized for bursts of scrapers. Threads: one plus ``workers``, whatever the
+clients do.
 """
 
 from __future__ import annotations
 
 import base64
+import collections
+import contextlib
 import hmac
+import io
+import os
+import queue
+import selectors
+import socket
 import ssl
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from socketserver import ThreadingMixIn
+from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler
 
 from prometheus_client import CollectorRegistry, make_asgi_app, make_wsgi_app
 
@@ -78,40 +92,196 @@ def metrics_asgi_app(registry: CollectorRegistry, auth: BasicAuth | None = None)
     return guarded
 
 
-#: Seconds a client may take for the TLS handshake or to send its request.
-CLIENT_TIMEOUT = 10.0
+#: Seconds a client has for the TLS handshake and its whole request head (prometheus.request_timeout_seconds).
+DEFAULT_REQUEST_TIMEOUT = 5.0
+#: Open connections at most (prometheus.max_connections); beyond, new ones get a 503 at once.
+DEFAULT_MAX_CONNECTIONS = 512
+#: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
+#: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
+DEFAULT_WORKERS = 16
+#: Pending connections the kernel queues before accept(): the standard library's 5 overflowed under 50
+#: parallel scrapers (each overflow costs the client a 1 s SYN retry).
+LISTEN_BACKLOG = 1024
+#: Largest request head accepted; a scrape's is a few hundred bytes.
+MAX_REQUEST_HEAD = 16 * 1024
+_REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
+def tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
+    """A server TLS context; errors name the file that could not be read or used."""
+    key_path = key_file or cert_file
+    texts = {}
+    for what, path in (("certificate", cert_file), ("key", key_path)):
+        try:
+            with open(path, "rb") as f:
+                texts[what] = f.read(1 << 20)
+        except OSError as exc:
+            raise ValueError(f"cannot read TLS {what} file {path!r}: {exc.strerror or exc}") from None
+    if b"-----BEGIN CERTIFICATE-----" not in texts["certificate"]:
+        raise ValueError(f"TLS certificate file {cert_file!r} holds no PEM certificate")
+    if b"PRIVATE KEY-----" not in texts["key"]:
+        raise ValueError(f"TLS key file {key_path!r} holds no PEM private key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file, password=lambda: b"")  # an encrypted key fails, not prompts
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"cannot use TLS certificate file {cert_file!r} with key file {key_path!r}: {exc.reason or exc} "
+            "(expected a certificate and its matching unencrypted private key)"
+        ) from None
+    return context
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # Runs in the connection's own thread: a TLS handshake here (not in accept()) cannot stall other
-        # scrapes, and the timeout bounds a client that connects and never speaks.
-        request.settimeout(CLIENT_TIMEOUT)
-        if isinstance(request, ssl.SSLSocket):
-            request.do_handshake()
-        super().finish_request(request, client_address)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hangs up or fails the handshake is its own problem, not worth a traceback
+class _Flight:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: tuple[str, list[tuple[str, str]], bytes] | None = None
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = CLIENT_TIMEOUT
+#: Request fields that select what a scrape returns: requests equal in these may share one rendering.
+#: The credentials are among them, so an unauthorised request never receives an authorised body.
+_FLIGHT_KEY = ("PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION")
+
+
+class _SingleFlight:
+    """WSGI middleware: a request that arrives while an identical one is being rendered waits for that
+    rendering and gets the same bytes, instead of rendering the registry again. Under a burst of scrapers
+    the cost is one rendering per wave, not one per request; the data is never older than the request's
+    arrival by more than one rendering."""
+
+    def __init__(self, app: WsgiApp) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self._flights: dict[tuple[str, ...], _Flight] = {}
+
+    def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            started[:] = [status, headers]
+            return lambda data: None
+
+        chunks = self._app(environ, start_response)
+        try:
+            body = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if callable(close):
+                close()
+        return started[0], list(started[1]), body
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        key = tuple(str(environ.get(name, "")) for name in _FLIGHT_KEY)
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if leader:
+            try:
+                flight.result = self._render(environ)
+            finally:
+                with self._lock:
+                    del self._flights[key]
+                flight.done.set()
+            result = flight.result
+        else:
+            flight.done.wait(60)
+            result = flight.result if flight.result is not None else self._render(environ)  # leader failed
+        status, headers, body = result
+        start_response(status, headers)
+        return [body]
+
+
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    address: Any
+    deadline: float
+    handshaking: bool
+    head: bytearray = field(default_factory=bytearray)
+    done: bool = False  # dispatched to a worker or dropped
+
+
+class _Writer(io.RawIOBase):
+    """The response side of a connection (what StreamRequestHandler calls wfile)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._sock.sendall(data)
+        return len(data)
+
+
+class _Handler(WSGIRequestHandler):
+    """wsgiref's request handling on a head already read by the selector thread."""
+
+    def setup(self) -> None:
+        conn: _Connection = self.request
+        self.connection = conn.sock
+        self.rfile = io.BytesIO(bytes(conn.head))
+        self.wfile = _Writer(conn.sock)
+
+    def finish(self) -> None:
+        pass  # the worker closes the socket
 
     def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line each
         pass
 
 
 class MetricsServer:
-    """A running ``/metrics`` server; ``close()`` stops it."""
+    """A running ``/metrics`` server; ``close()`` stops it. ``start()`` builds one."""
 
-    def __init__(self, httpd: WSGIServer, thread: threading.Thread, scheme: str) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.host, self.port = httpd.server_address[:2]
-        self.url = f"{scheme}://{self.host}:{self.port}/metrics"
+    def __init__(
+        self,
+        listener: socket.socket,
+        app: WsgiApp,
+        scheme: str,
+        context: ssl.SSLContext | None,
+        *,
+        max_connections: int,
+        request_timeout: float,
+        workers: int,
+    ) -> None:
+        self._listener = listener
+        self._app = _SingleFlight(app)
+        self._context = context
+        self.max_connections = max_connections
+        self.request_timeout = request_timeout
+        self.host, self.port = listener.getsockname()[:2]
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"{scheme}://{shown}:{self.port}/metrics"
+        self.base_environ = {
+            "SERVER_NAME": self.host, "SERVER_PORT": str(self.port), "GATEWAY_INTERFACE": "CGI/1.1",
+            "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": "",
+            **({"HTTPS": "on"} if context is not None else {}),
+        }
+        #: Counters for tests and troubleshooting.
+        self.refused = 0
+        self.timed_out = 0
+        self.served = 0
+        self._open = 0  # connections accepted and not yet closed
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._reading: collections.deque[_Connection] = collections.deque()  # in deadline order
+        self._jobs: queue.SimpleQueue[_Connection | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._loop, name="mcp-token-otel-http", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._work, name=f"mcp-token-otel-http-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     @classmethod
     def start(
@@ -123,21 +293,183 @@ class MetricsServer:
         auth: BasicAuth | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        workers: int = DEFAULT_WORKERS,
     ) -> MetricsServer:
-        """Listen on host:port (0 picks a free port) in a daemon thread."""
-        httpd = make_server(host, port, metrics_wsgi_app(registry, auth), _ThreadingServer, _QuietHandler)
-        scheme = "http"
-        if tls_cert_file:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.minimum_version = ssl.TLSVersion.TLSv1_2
-            context.load_cert_chain(tls_cert_file, tls_key_file)
-            httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
-            scheme = "https"
-        thread = threading.Thread(target=httpd.serve_forever, name="mcp-token-otel-metrics", daemon=True)
-        thread.start()
-        return cls(httpd, thread, scheme)
+        """Listen on host:port (0 picks a free port; an IPv6 address such as ``::1`` works too)."""
+        context = tls_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # before binding
+        listener = _listen(host, port)
+        return cls(
+            listener, metrics_wsgi_app(registry, auth), "https" if context else "http", context,
+            max_connections=max_connections, request_timeout=request_timeout, workers=max(1, workers),
+        )
+
+    @property
+    def open_connections(self) -> int:
+        return self._open
+
+    def get_app(self) -> WsgiApp:  # what wsgiref's handler asks its server for
+        return self._app
+
+    # -- the selector thread: accept, handshake, read request heads, enforce deadlines -----------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            timeout = 1.0
+            if self._reading:
+                timeout = min(timeout, max(0.0, self._reading[0].deadline - time.monotonic()))
+            for key, _ in self._selector.select(timeout):
+                if key.data is None:
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(64)
+                else:
+                    self._readable(key.data)
+            self._expire()
+        for conn in list(self._reading):
+            self._drop(conn)
+
+    def _accept(self) -> None:
+        for _ in range(64):  # a burst, then back to the readers
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of file descriptors: try again on the next wake-up
+                return
+            if self._open >= self.max_connections:
+                self.refused += 1
+                with contextlib.suppress(OSError):
+                    sock.setblocking(False)
+                    if self._context is None:
+                        sock.send(_REFUSAL)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            handshaking = False
+            if self._context is not None:
+                try:
+                    sock = self._context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError):
+                    sock.close()
+                    continue
+                handshaking = True
+            conn = _Connection(sock, address, time.monotonic() + self.request_timeout, handshaking)
+            with self._lock:
+                self._open += 1
+            self._reading.append(conn)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _readable(self, conn: _Connection) -> None:
+        sock = conn.sock
+        try:
+            if conn.handshaking:
+                try:
+                    sock.do_handshake()  # type: ignore[attr-defined]
+                except ssl.SSLWantReadError:
+                    return
+                except ssl.SSLWantWriteError:
+                    self._selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+                    return
+                conn.handshaking = False
+                self._selector.modify(sock, selectors.EVENT_READ, conn)
+            while True:  # drain what the kernel (and TLS) holds
+                try:
+                    data = sock.recv(65536)
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return
+                if not data:  # the client went away before finishing its request
+                    self._drop(conn)
+                    return
+                conn.head += data
+                if b"\r\n\r\n" in conn.head or b"\n\n" in conn.head:
+                    self._dispatch(conn)
+                    return
+                if len(conn.head) > MAX_REQUEST_HEAD:
+                    self._drop(conn)
+                    return
+        except (OSError, ValueError):  # reset, failed handshake...: the client's problem
+            self._drop(conn)
+
+    def _dispatch(self, conn: _Connection) -> None:
+        conn.done = True
+        self._selector.unregister(conn.sock)
+        self._jobs.put(conn)
+
+    def _drop(self, conn: _Connection) -> None:
+        if conn.done:
+            return
+        conn.done = True
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(conn.sock)
+        self._close(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._reading and (self._reading[0].done or self._reading[0].deadline <= now):
+            conn = self._reading.popleft()
+            if not conn.done:
+                self.timed_out += 1
+                self._drop(conn)
+
+    def _close(self, conn: _Connection) -> None:
+        with contextlib.suppress(OSError):
+            conn.sock.close()
+        with self._lock:
+            self._open -= 1
+
+    # -- workers: render and write -------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            conn = self._jobs.get()
+            if conn is None:
+                return
+            try:
+                conn.sock.setblocking(True)
+                conn.sock.settimeout(self.request_timeout)  # bounds writing to a client that does not read
+                _Handler(conn, conn.address, self)  # type: ignore[arg-type]
+                with self._lock:
+                    self.served += 1
+            except Exception:  # a client that hangs up mid-response is its own problem
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                self._close(conn)
 
     def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        if self._stopping:
+            return
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._threads[0].join(timeout=5)
+        for _ in self._threads[1:]:
+            self._jobs.put(None)
+        for thread in self._threads[1:]:
+            thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self._selector.close()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket for host:port in the address's own family (IPv6 addresses included)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if os.name == "posix":  # restart on the same port at once (not on Windows: there it allows hijacking)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -42,14 +42,17 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
     """Feed ``recorder`` into prometheus-client families; with ``serve``, listen on config.host:port.
 
     In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the served registry merges every worker.
+    Building the sink can raise (a multiprocess directory that does not exist): then nothing was attached.
+    A server that cannot start (port taken, unreadable TLS file) is logged, and the sink still feeds
+    ``metrics_app()``.
     """
     metrics = PrometheusMetrics(
         states=recorder.states,
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
     )
-    recorder.add_sink(metrics)
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
+    recorder.add_sink(metrics)  # only once everything that can fail has been built
     auth = BasicAuth(config.basic_auth_username, config.basic_auth_password) if config.basic_auth_username else None
     service = PrometheusService(metrics, registry, auth)
     if serve:
@@ -61,6 +64,8 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
                 auth=auth,
                 tls_cert_file=config.tls_cert_file or None,
                 tls_key_file=config.tls_key_file or None,
+                max_connections=config.max_connections,
+                request_timeout=config.request_timeout_seconds,
             )
         except Exception as exc:  # port taken, unreadable certificate...: say so, keep instrumenting
             logger.error("mcp_token_otel: cannot serve /metrics on %s:%s: %s", config.host, config.port, exc)

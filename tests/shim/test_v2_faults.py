@@ -1,98 +1,235 @@
-"""Fault injection: estimator, span processor, exporter and meter faults never break an MCP call."""
+"""Fault injection: no fault inside the shim changes what the application sees, on any transport.
+
+The same script of calls runs uninstrumented (the baseline) and instrumented with one fault injected;
+results and errors must be identical. The script covers text, isError results, a JSON-RPC error raised
+by a tool (``MCPError`` with its code and data), unknown tools, invalid arguments, a missing resource,
+image, embedded and linked resources, ``_meta``, ``structuredContent`` and a 1 MB result. Faults:
+the estimator, a span processor, the exporters built by the project's own ``configure_otel``, the
+meter, a sink that raises, a slow sink, the budget registry and the Prometheus sink. Transports:
+in-memory (direct "auto" and JSON-RPC "legacy"), a stdio subprocess and streamable HTTP.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+import uvicorn
 from mcp import Client
-from mcp.server.mcpserver import MCPServer
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mcp_token_otel.core.measure import Policy
-from mcp_token_otel.instrumentation import instrument, uninstrument
+from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
 
-from ..faults import BrokenMeterProvider, BrokenSink, RaisingExporter, RaisingProcessor, raising_estimator
-from .conftest import Otel, make_config
+from ..faults import (
+    BlockingSink,
+    BrokenMeterProvider,
+    BrokenSink,
+    RaisingExporter,
+    RaisingProcessor,
+    SlowSink,
+    break_budgets,
+    break_prometheus,
+    otel_pipeline_with_failing_exporters,
+    raising_estimator,
+)
+from ..support import ROOT
+from .conftest import Otel, free_port, make_config
 
-N = 20
+SERVER_SCRIPT = Path(__file__).parent / "servers" / "fault_server.py"
+_spec = importlib.util.spec_from_file_location("fault_server", SERVER_SCRIPT)
+assert _spec is not None and _spec.loader is not None
+fault_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fault_server)
+
+SCRIPT: list[tuple[str, dict[str, Any]]] = [
+    ("text", {"n": 10}), ("boom", {}), ("rpc_error", {}), ("image", {}), ("resources", {}), ("meta", {}),
+    ("structured", {"n": 20}), ("large", {}), ("nope", {}), ("text", {"n": "not a number"}), ("text", {"n": 500}),
+]
+FAULTS = ["estimator", "span_processor", "exporter", "meter", "sink", "slow_sink", "budget", "prometheus"]
+TRANSPORTS = ["memory-auto", "memory-legacy", "stdio", "http"]
 
 
-def make_server() -> MCPServer:
-    server = MCPServer("faults")
+async def run_script(client: Client) -> list[Any]:
+    """Every call's outcome: the result as data, or the MCPError's code, message and data."""
+    out: list[Any] = []
+    for name, args in SCRIPT:
+        try:
+            out.append(("result", name, (await client.call_tool(name, args)).model_dump()))
+        except MCPError as exc:
+            out.append(("mcp_error", name, exc.code, exc.message, exc.data))
+    try:
+        out.append(("resource", (await client.read_resource("res://missing")).model_dump()))
+    except MCPError as exc:
+        out.append(("mcp_error", "res://missing", exc.code, exc.message, exc.data))
+    out.append(("resource", (await client.read_resource("res://ok")).model_dump()))
+    out.append(("tools", sorted(t.name for t in (await client.list_tools()).tools)))
+    return out
 
-    @server.tool()
-    def text(n: int) -> str:
-        return "abc " * n
 
-    @server.tool()
-    def boom() -> str:
-        raise ValueError("tool failed")
-
+async def _serve_http(tg: Any, port: int) -> uvicorn.Server:
+    app = fault_server.make_server().streamable_http_app()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    tg.start_soon(server.serve)
+    with anyio.fail_after(10):
+        while not server.started:
+            await anyio.sleep(0.02)
     return server
 
 
-def calls(mode: str) -> list[dict[str, Any]]:
-    async def main() -> list[dict[str, Any]]:
-        out = []
-        with anyio.fail_after(30):
-            async with Client(make_server(), mode=mode) as client:
-                for i in range(N):
-                    result = await client.call_tool("boom" if i % 7 == 6 else "text", {"n": i * 10})
-                    out.append(result.model_dump())
-        return out
+def session(transport: str, server_fault: str | None = None) -> tuple[list[Any], dict[str, int]]:
+    """Run SCRIPT over ``transport``; the outcomes and (stdio) the server process's fault counts."""
+
+    async def main() -> tuple[list[Any], dict[str, int]]:
+        with anyio.fail_after(60):
+            if transport.startswith("memory-"):
+                async with Client(fault_server.make_server(), mode=transport.split("-")[1]) as client:
+                    return await run_script(client), {}
+            if transport == "stdio":
+                env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                if server_fault:
+                    env["MCP_TOKEN_TEST_FAULT"] = server_fault
+                params = StdioServerParameters(command=sys.executable, args=[str(SERVER_SCRIPT)], env=env)
+                async with Client(params, mode="legacy") as client:
+                    outcomes = await run_script(client)
+                    report = await client.call_tool("_fault_report", {})
+                    return outcomes, json.loads(report.content[0].text)
+            port = free_port()
+            async with anyio.create_task_group() as tg:
+                server = await _serve_http(tg, port)
+                try:
+                    async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+                        return await run_script(client), {}
+                finally:
+                    server.should_exit = True
+        raise AssertionError("unreachable")
 
     return anyio.run(main)
 
 
+_BASELINES: dict[str, list[Any]] = {}
 
 
+def baseline(transport: str) -> list[Any]:
+    if transport not in _BASELINES:
+        _BASELINES[transport] = session(transport)[0]
+        errors = [o for o in _BASELINES[transport] if o[0] == "mcp_error"]
+        # the script really produces JSON-RPC errors: a shim that swallowed one would differ from this
+        assert {o[1] for o in errors} >= {"rpc_error", "res://missing"}
+        assert ("mcp_error", "rpc_error", -32042, "custom failure", {"retry": False}) in errors
+    return _BASELINES[transport]
 
 
-
-
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
-@pytest.mark.parametrize("fault", ["estimator", "span_processor", "exporter", "meter", "sink"])
-def test_faults_do_not_change_results(otel: Otel, mode: str, fault: str) -> None:
-    expected = calls(mode)  # uninstrumented baseline
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, transport: str,
+                                      fault: str) -> None:
+    expected = baseline(transport)
     tracer_provider: Any = otel.tracer_provider
     meter_provider: Any = otel.meter_provider
-    exporter = RaisingExporter()
+    pipeline: Any = None
     if fault == "span_processor":
         tracer_provider = TracerProvider()
         tracer_provider.add_span_processor(RaisingProcessor())
     elif fault == "exporter":
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+        pipeline = otel_pipeline_with_failing_exporters(monkeypatch)
+        tracer_provider, meter_provider = pipeline[0], pipeline[1]
     elif fault == "meter":
         meter_provider = BrokenMeterProvider()
-    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
+    config = make_config(prometheus={"enabled": True, "port": 0} if fault == "prometheus" else {})
+    recorder = instrument(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
+    slow = SlowSink()
     if fault == "estimator":
         recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
     elif fault == "sink":
         recorder.add_sink(BrokenSink())
+    elif fault == "slow_sink":
+        recorder.add_sink(slow)
+    elif fault == "budget":
+        break_budgets(recorder)
+    elif fault == "prometheus":
+        assert break_prometheus(prometheus_service().metrics) >= 5
     try:
-        got = calls(mode)
+        got, server_errors = session(transport, server_fault=fault)
     finally:
         uninstrument()
     assert got == expected
-    errors = {
-        p.attributes["mcp_token.stage"]: p.value
-        for p in otel.metrics().get("mcp_token.instrumentation.errors", [])
-    }
+    errors = recorder.error_counts
+    if transport == "stdio":  # the server side ran in the subprocess, with the same fault
+        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "sink": "metrics",
+                 "budget": "budget", "prometheus": "metrics"}.get(fault)
+        if stage:
+            assert server_errors.get(stage, 0) > 0, server_errors
+        else:
+            assert not server_errors
     if fault == "estimator":
-        # client and server both measure input and output of every call
-        assert recorder.error_counts["estimate"] >= 4 * N
-        assert errors["estimate"] >= 4 * N
+        assert errors["estimate"] >= len(SCRIPT)
     elif fault == "span_processor":
-        assert recorder.error_counts["span"] >= N  # our CLIENT span could not start
+        assert errors["span"] > 0
     elif fault == "exporter":
-        assert exporter.attempts >= N  # every span really went to the failing exporter...
-        assert not recorder.error_counts  # ...and the SDK's span processor absorbed its faults
-    elif fault == "meter":
-        assert recorder.error_counts["metrics"] >= 2 * N  # visible in-process: the meter itself is broken
-    elif fault == "sink":
-        assert errors["metrics"] >= 2 * N  # the healthy OTel sink counts the broken sink's faults
+        tracer_provider.force_flush()
+        meter_provider.force_flush()
+        span_exporter, metric_exporter = pipeline[2], pipeline[3]
+        assert span_exporter.attempts > 0 and metric_exporter.attempts > 0  # both really ran and failed...
+        assert "span" not in errors  # ...and the calls never saw it
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    elif fault in ("meter", "sink", "prometheus"):
+        assert errors["metrics"] > 0
+    elif fault == "slow_sink":
+        assert slow.calls > 0 and not errors
+    elif fault == "budget":
+        # stdio and HTTP clients and every server have a session to budget; in-process "auto" clients too
+        assert errors["budget"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="recorder.py (TokenRecorder._emit) calls every sink but the deferred OTel one inline on the MCP "
+    "call's path, so a sink that blocks blocks the call (and the event loop); fix belongs in recorder.py / "
+    "adapters, outside this helper's files",
+)
+def test_a_blocking_sink_does_not_block_the_call(otel: Otel) -> None:
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert recorder is not None
+    sink = BlockingSink(limit=5.0)
+    recorder.add_sink(sink)
+    try:
+
+        async def main() -> str:
+            async with Client(fault_server.make_server(), mode="legacy") as client:
+                result = await client.call_tool("text", {"n": 3})
+                sink.release.set()  # the call is done: let the sink go
+                return result.content[0].text
+
+        assert anyio.run(main) == "abc abc abc "
+    finally:
+        sink.release.set()
+        uninstrument()
+    assert sink.entered.is_set()
+    assert not sink.blocked_the_call  # the call finished while the sink was still stuck
+
+
+def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
+    """The SDK's own processor with a failing exporter (the earlier form of the exporter case), kept."""
+    exporter = RaisingExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    expected = baseline("memory-legacy")
+    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=otel.meter_provider)
+    try:
+        got, _ = session("memory-legacy")
+    finally:
+        uninstrument()
+    assert got == expected and exporter.attempts >= len(SCRIPT)
+    assert recorder is not None and "span" not in recorder.error_counts

@@ -5,12 +5,13 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+import anyio
 import pytest
 
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
+from mcp_token_otel.instrumentation import instrument, metrics_app, prometheus_service, uninstrument
 
-from .conftest import Otel, make_config
+from .conftest import Otel, free_port, make_config
 
 
 def test_an_sdk_whose_hooks_moved_is_left_untouched(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,3 +40,94 @@ def test_a_taken_metrics_port_is_reported_and_measuring_goes_on(otel: Otel, capl
             assert f"cannot serve /metrics on 127.0.0.1:{port}" in caplog.text
         finally:
             uninstrument()
+
+
+def test_a_missing_multiprocess_directory_is_logged_and_nothing_is_half_done(
+    otel: Otel, caplog: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """PROMETHEUS_MULTIPROC_DIR naming a directory that does not exist: instrument() neither raises nor
+    leaves a half-built Prometheus sink; measuring goes on through OpenTelemetry, and a second call is the
+    same recorder."""
+    from mcp import Client
+    from mcp.server.mcpserver import MCPServer
+
+    missing = tmp_path / "gone"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(missing))
+    recorder = instrument(make_config(prometheus={"enabled": True, "port": 0}),
+                          tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    try:
+        assert recorder is not None
+        assert instrument() is recorder
+        assert prometheus_service() is None
+        assert not any(isinstance(s, PrometheusMetrics) for s in recorder.sinks)
+        assert f"PROMETHEUS_MULTIPROC_DIR={str(missing)!r}" in caplog.text
+        with pytest.raises(RuntimeError, match="Prometheus sink cannot be set up"):
+            metrics_app()
+        server = MCPServer("multiproc")
+
+        @server.tool()
+        def hello() -> str:
+            return "hello " * 50
+
+        async def main() -> None:
+            async with Client(server, mode="legacy") as client:
+                await client.call_tool("hello", {})
+
+        anyio.run(main)
+        assert any(s.attributes.get("mcp_token.output_tokens") for s in otel.spans() if s.name == "tools/call hello")
+    finally:
+        uninstrument()
+
+
+def test_a_failing_sdk_hook_closes_the_metrics_server_it_started(
+    otel: Otel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """All or nothing: /metrics started before the hooks is stopped again when hooking fails."""
+    import mcp.shared.jsonrpc_dispatcher as jrd
+
+    port = free_port()
+    monkeypatch.delattr(jrd, "otel_span")
+    assert instrument(make_config(prometheus={"enabled": True, "port": port}),
+                      tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider) is None
+    assert prometheus_service() is None
+    with socket.socket() as again:  # the port is free again: the server was closed
+        again.bind(("127.0.0.1", port))
+
+
+def test_otlp_set_up_that_fails_is_logged_and_measuring_goes_on(
+    otel: Otel, caplog: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """otel.configure with an exporter that cannot be built: the project's configure_otel path raises inside
+    instrument(), which logs one line and instruments with the providers it was given."""
+    from mcp_token_otel.emitters import otel_setup
+
+    def broken_exporter() -> Any:
+        raise ImportError("no module named grpc (exporter fault)")
+
+    monkeypatch.setattr(otel_setup, "span_exporter", broken_exporter)
+    monkeypatch.setattr(otel_setup, "_tracing_unconfigured", lambda: True)
+    monkeypatch.setattr(otel_setup, "_metrics_unconfigured", lambda: False)
+    recorder = instrument(make_config(otel={"configure": True}),
+                          tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    try:
+        assert recorder is not None
+        assert "cannot set up OTLP export (otel.configure), measuring without it: no module named grpc" in caplog.text
+    finally:
+        uninstrument()
+
+
+def test_an_estimator_whose_extra_is_missing_is_a_config_error(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from mcp.server.lowlevel.server import Server
+
+    from mcp_token_otel.config import ConfigError
+    from mcp_token_otel.core import estimators
+
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if the exact extra were not installed
+    monkeypatch.setattr(estimators, "_encodings", {})  # and no encoding was loaded earlier in this process
+    before = Server.__init__
+    with pytest.raises(ConfigError, match=r"config key 'estimator': .*pip install 'mcp-token-otel\[exact\]'"):
+        instrument(make_config(estimator="tiktoken:o200k_base"),
+                   tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert Server.__init__ is before

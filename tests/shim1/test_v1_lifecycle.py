@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -9,23 +15,40 @@ import mcp.client.stdio as client_stdio
 import mcp.server.fastmcp.server as fastmcp_server
 import mcp.server.stdio as server_stdio
 import pytest
+import uvicorn
+from mcp import types
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import StreamableHTTPTransport, streamable_http_client
 from mcp.server.fastmcp import FastMCP
 from mcp.server.session import ServerSession
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.shared.exceptions import McpError
 from mcp.shared.memory import create_connected_server_and_client_session
 from mcp.shared.session import BaseSession, RequestResponder
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+from pydantic import AnyUrl
 
 from mcp_token_otel.core.measure import Policy
-from mcp_token_otel.instrumentation import instrument, uninstrument
+from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
 
-from ..faults import BrokenMeterProvider, BrokenSink, RaisingExporter, RaisingProcessor, raising_estimator
-from .conftest import Otel, make_config
+from ..faults import (
+    BlockingSink,
+    BrokenMeterProvider,
+    BrokenSink,
+    RaisingExporter,
+    RaisingProcessor,
+    SlowSink,
+    break_budgets,
+    break_prometheus,
+    otel_pipeline_with_failing_exporters,
+    raising_estimator,
+)
+from ..support import ROOT
+from .conftest import Otel, free_port, make_config
 
 N = 20
 
@@ -94,46 +117,210 @@ def calls() -> list[dict[str, Any]]:
 
 
 
-@pytest.mark.parametrize("fault", ["estimator", "span_processor", "exporter", "meter", "sink"])
-def test_faults_do_not_change_results(otel: Otel, fault: str) -> None:
-    expected = calls()  # uninstrumented baseline
+FAULT_SERVER = Path(__file__).parent / "servers" / "fault_server.py"
+_spec = importlib.util.spec_from_file_location("fault_server_v1", FAULT_SERVER)
+assert _spec is not None and _spec.loader is not None
+fault_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fault_server)
+
+SCRIPT: list[tuple[str, dict[str, Any]]] = [
+    ("text", {"n": 10}), ("boom", {}), ("image", {}), ("resources", {}), ("meta", {}), ("structured", {"n": 20}),
+    ("large", {}), ("nope", {}), ("text", {"n": "not a number"}), ("text", {"n": 500}),
+]
+FAULTS = ["estimator", "span_processor", "exporter", "meter", "sink", "slow_sink", "budget", "prometheus"]
+
+
+async def run_script(session: ClientSession) -> list[Any]:
+    """Every request's outcome: the result as data, or the McpError's code, message and data."""
+    out: list[Any] = []
+
+    async def attempt(label: str, call: Any) -> None:
+        try:
+            out.append(("result", label, (await call).model_dump()))
+        except McpError as exc:
+            out.append(("mcp_error", label, exc.error.code, exc.error.message, exc.error.data))
+
+    for name, args in SCRIPT:
+        await attempt(name, session.call_tool(name, args))
+    await attempt("res://missing", session.read_resource(AnyUrl("res://missing")))
+    await attempt("res://ok", session.read_resource(AnyUrl("res://ok")))
+    await attempt("prompt missing", session.get_prompt("nope", {}))
+    await attempt("prompt bad args", session.get_prompt("greet", {}))
+    unknown = types.PingRequest.model_construct(method="no/such/method", params=None)  # skips the Literal check
+    await attempt("unknown method", session.send_request(types.ClientRequest(unknown), types.EmptyResult))
+    out.append(("tools", sorted(t.name for t in (await session.list_tools()).tools)))
+    return out
+
+
+def fault_session(transport: str, server_fault: str | None = None) -> tuple[list[Any], dict[str, int]]:
+    """Run SCRIPT over ``transport`` (memory, stdio, http); the outcomes and the stdio server's fault counts."""
+
+    async def main() -> tuple[list[Any], dict[str, int]]:
+        with anyio.fail_after(60):
+            if transport == "memory":
+                async with create_connected_server_and_client_session(fault_server.make_server()) as session:
+                    return await run_script(session), {}
+            if transport == "stdio":
+                env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                if server_fault:
+                    env["MCP_TOKEN_TEST_FAULT"] = server_fault
+                params = StdioServerParameters(command=sys.executable, args=[str(FAULT_SERVER)], env=env)
+                async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+                    await session.initialize()
+                    outcomes = await run_script(session)
+                    report = await session.call_tool("_fault_report", {})
+                    return outcomes, json.loads(report.content[0].text)  # type: ignore[union-attr]
+            port = free_port()
+            app = fault_server.make_server().streamable_http_app()
+            async with anyio.create_task_group() as tg:
+                server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+                tg.start_soon(server.serve)
+                while not server.started:
+                    await anyio.sleep(0.02)
+                try:
+                    async with (
+                        streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _),
+                        ClientSession(read, write) as session,
+                    ):
+                        await session.initialize()
+                        return await run_script(session), {}
+                finally:
+                    server.should_exit = True
+        raise AssertionError("unreachable")
+
+    return anyio.run(main)
+
+
+_BASELINES: dict[str, list[Any]] = {}
+_HEALTHY: dict[str, Counter[str]] = {}
+
+
+def healthy_faults(otel: Otel, transport: str) -> Counter[str]:
+    """Faults the shim counts on this script with nothing injected. One is known: the adapter cannot add
+    trace context to a request whose method the SDK's ClientRequest union does not know (it counts a span
+    fault and sends the request unchanged)."""
+    if transport not in _HEALTHY:
+        recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+        try:
+            fault_session(transport)
+        finally:
+            uninstrument()
+        assert recorder is not None
+        _HEALTHY[transport] = Counter(recorder.error_counts)
+        assert set(_HEALTHY[transport]) <= {"span"} and _HEALTHY[transport]["span"] <= 1
+    return _HEALTHY[transport]
+
+
+def baseline(transport: str) -> list[Any]:
+    if transport not in _BASELINES:
+        _BASELINES[transport] = fault_session(transport)[0]
+        errors = {o[1] for o in _BASELINES[transport] if o[0] == "mcp_error"}
+        # JSON-RPC errors really occur: a shim that swallowed an McpError would differ from this baseline
+        assert {"unknown method", "prompt missing"} <= errors, errors
+    return _BASELINES[transport]
+
+
+@pytest.mark.parametrize("transport", ["memory", "stdio", "http"])
+@pytest.mark.parametrize("fault", FAULTS)
+def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, transport: str,
+                                      fault: str) -> None:
+    expected = baseline(transport)
+    healthy = healthy_faults(otel, transport)
     tracer_provider: Any = otel.tracer_provider
     meter_provider: Any = otel.meter_provider
+    pipeline: Any = None
     if fault == "span_processor":
         tracer_provider = TracerProvider()
         tracer_provider.add_span_processor(RaisingProcessor())
     elif fault == "exporter":
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(RaisingExporter()))
+        pipeline = otel_pipeline_with_failing_exporters(monkeypatch)
+        tracer_provider, meter_provider = pipeline[0], pipeline[1]
     elif fault == "meter":
         meter_provider = BrokenMeterProvider()
-    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=meter_provider)
+    config = make_config(prometheus={"enabled": True, "port": 0} if fault == "prometheus" else {})
+    recorder = instrument(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
+    slow = SlowSink()
     if fault == "estimator":
         recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
     elif fault == "sink":
         recorder.add_sink(BrokenSink())
+    elif fault == "slow_sink":
+        recorder.add_sink(slow)
+    elif fault == "budget":
+        break_budgets(recorder)
+    elif fault == "prometheus":
+        assert break_prometheus(prometheus_service().metrics) >= 5
     try:
-        got = calls()
+        got, server_errors = fault_session(transport, server_fault=fault)
     finally:
         uninstrument()
     assert got == expected
-    assert len(got) == N
-    errors = {
-        p.attributes["mcp_token.stage"]: p.value for p in otel.metrics().get("mcp_token.instrumentation.errors", [])
-    }
+    errors = recorder.error_counts
+    if transport == "stdio":
+        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "sink": "metrics",
+                 "budget": "budget", "prometheus": "metrics"}.get(fault)
+        if stage:
+            assert server_errors.get(stage, 0) > 0, server_errors
+        else:
+            assert not server_errors
     if fault == "estimator":
-        # client and server both measure input and output of every call
-        assert recorder.error_counts["estimate"] >= 4 * N
-        assert errors["estimate"] >= 4 * N
+        assert errors["estimate"] >= len(SCRIPT)
     elif fault == "span_processor":
-        assert recorder.error_counts["span"] >= 2 * N  # neither side's span could start
+        assert errors["span"] >= len(SCRIPT)
     elif fault == "exporter":
-        assert not recorder.error_counts  # the SDK's span processor absorbs exporter faults
-    elif fault == "meter":
-        assert recorder.error_counts["metrics"] >= 4 * N  # visible in-process: the meter itself is broken
-    elif fault == "sink":
-        assert errors["metrics"] >= 4 * N  # the healthy OTel sink counts the broken sink's faults
+        tracer_provider.force_flush()
+        meter_provider.force_flush()
+        assert pipeline[2].attempts > 0 and pipeline[3].attempts > 0  # the exporters ran and failed...
+        assert errors == healthy  # ...and no call saw it
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
+    elif fault in ("meter", "sink", "prometheus"):
+        assert errors["metrics"] > 0
+    elif fault == "slow_sink":
+        assert slow.calls > 0 and errors == healthy
+    elif fault == "budget":
+        assert errors["budget"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="recorder.py (TokenRecorder._emit) calls every sink but the deferred OTel one inline on the MCP "
+    "call's path, so a sink that blocks blocks the call (and the event loop); fix belongs in recorder.py / "
+    "adapters, outside this helper's files",
+)
+def test_a_blocking_sink_does_not_block_the_call(otel: Otel) -> None:
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert recorder is not None
+    sink = BlockingSink(limit=5.0)
+    recorder.add_sink(sink)
+    try:
+
+        async def main() -> None:
+            async with create_connected_server_and_client_session(fault_server.make_server()) as session:
+                await session.call_tool("text", {"n": 3})
+                sink.release.set()  # the call is done: let the sink go
+
+        anyio.run(main)
+    finally:
+        sink.release.set()
+        uninstrument()
+    assert sink.entered.is_set() and not sink.blocked_the_call
+
+
+def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
+    """The SDK's own processor with a failing exporter (the earlier form of the exporter case), kept."""
+    exporter = RaisingExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    expected = baseline("memory")
+    recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=otel.meter_provider)
+    try:
+        got, _ = fault_session("memory")
+    finally:
+        uninstrument()
+    assert got == expected and exporter.attempts >= len(SCRIPT)
+    assert recorder is not None and recorder.error_counts == healthy_faults(otel, "memory")
 
 
 def test_uninstrument_restores_sdk(otel: Otel) -> None:

@@ -1,0 +1,285 @@
+"""The standalone /metrics server under load and abuse: bounded threads, refusal past the connection cap,
+a deadline for slow-drip clients, every request answered, IPv6, and TLS errors that name their file.
+
+No assertion here is on time: timing figures come from benchmarks/metrics_server_abuse.py. Loops that wait
+for the server are bounded and fail with a message when the bound is reached.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from mcp_token_otel.emitters.metrics_server import DEFAULT_WORKERS, LISTEN_BACKLOG, MetricsServer, tls_context
+
+
+def registry() -> CollectorRegistry:
+    reg = CollectorRegistry()
+    counter = Counter("demo_things", "things", ["tool"], registry=reg)
+    for i in range(50):
+        counter.labels(tool=f"t{i}").inc(i)
+    return reg
+
+
+@pytest.fixture
+def start() -> Iterator[Callable[..., MetricsServer]]:
+    servers: list[MetricsServer] = []
+
+    def make(**kwargs: object) -> MetricsServer:
+        server = MetricsServer.start(str(kwargs.pop("host", "127.0.0.1")), 0, registry(), **kwargs)  # type: ignore[arg-type]
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def scrape(url: str, timeout: float = 30) -> int:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read()
+        assert b"demo_things_total" in body
+        return int(response.status)
+
+
+def wait_for(condition: Callable[[], bool], what: str, bound: float = 30.0) -> None:
+    end = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() > end:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+def drip_client(server: MetricsServer) -> socket.socket:
+    """A client that sends the start of a request head and then stalls (one more line now and then)."""
+    sock = socket.create_connection((server.host, server.port), timeout=30)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    return sock
+
+
+def server_threads() -> int:
+    return sum(t.name.startswith("mcp-token-otel-http") for t in threading.enumerate())
+
+
+def test_backlog_is_sized_for_bursts() -> None:
+    assert LISTEN_BACKLOG >= 512  # the standard library's 5 overflowed under 50 parallel scrapers
+
+
+def test_concurrent_scrapers_are_all_answered(start: Callable[..., MetricsServer]) -> None:
+    server = start()
+    with ThreadPoolExecutor(50) as pool:
+        statuses = list(pool.map(lambda _: scrape(server.url), range(500)))
+    assert statuses == [200] * 500
+    assert server_threads() == 1 + DEFAULT_WORKERS
+    wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+    assert server.served == 500 and server.refused == 0
+
+
+def test_slow_drip_clients_hold_no_thread_and_are_cut_at_the_deadline(start: Callable[..., MetricsServer]) -> None:
+    server = start(request_timeout=1.0)
+    threads_before = threading.active_count()
+    clients = [drip_client(server) for _ in range(300)]
+    try:
+        wait_for(lambda: server.open_connections == 300, "300 open connections")
+        assert threading.active_count() == threads_before  # sockets, not threads
+        assert server_threads() == 1 + DEFAULT_WORKERS
+        assert scrape(server.url) == 200  # a real scrape is served meanwhile
+        for sock in clients[:50]:
+            sock.sendall(b"X-Drip: 1\r\n")  # still dripping: the deadline is for the whole head
+        closed = 0
+        for sock in clients:  # the server hangs up on every one of them once their deadline passes
+            sock.settimeout(30)
+            try:
+                closed += sock.recv(1024) == b""
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 300
+        wait_for(lambda: server.timed_out == 300, "300 timed-out clients")
+        wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+    finally:
+        for sock in clients:
+            sock.close()
+
+
+def test_connections_past_the_cap_are_refused_at_once(start: Callable[..., MetricsServer]) -> None:
+    server = start(max_connections=20, request_timeout=60.0)
+    clients = [drip_client(server) for _ in range(20)]
+    try:
+        wait_for(lambda: server.open_connections == 20, "20 open connections")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            scrape(server.url)
+        assert info.value.code == 503 and info.value.headers["Retry-After"] == "1"
+        assert server.refused == 1 and server_threads() == 1 + DEFAULT_WORKERS
+    finally:
+        for sock in clients:
+            sock.close()
+    wait_for(lambda: server.open_connections == 0, "the stalled connections to be closed")
+    assert scrape(server.url) == 200
+
+
+def test_a_client_that_sends_garbage_or_hangs_up_is_dropped(start: Callable[..., MetricsServer]) -> None:
+    server = start()
+    for payload in (b"\x16\x03\x01\x00\x05hello\r\n\r\n", b"GET /metrics HTTP/1.1\r\n", b"X" * 40_000):
+        with socket.create_connection((server.host, server.port), timeout=30) as sock:
+            sock.sendall(payload)
+    assert scrape(server.url) == 200
+    wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+
+
+def test_ipv6_address() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    server = MetricsServer.start("::1", 0, registry())
+    try:
+        assert server.url.startswith("http://[::1]:") and server.host == "::1"
+        assert scrape(server.url) == 200
+    finally:
+        server.close()
+
+
+def test_ipv6_from_the_configuration(caplog: pytest.LogCaptureFixture) -> None:
+    """prometheus.host: "::1" as a user writes it, through start_prometheus (an address-family error before)."""
+    from mcp_token_otel.config import config_from_dict
+    from mcp_token_otel.emitters.prometheus_service import start_prometheus
+    from mcp_token_otel.recorder import TokenRecorder
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python")
+    config = config_from_dict({"prometheus": {"host": "::1", "port": 0}})
+    recorder = TokenRecorder(config)
+    service = start_prometheus(recorder, config.prometheus)
+    try:
+        if service.server is None and ("Address family" in caplog.text or "Cannot assign" in caplog.text):
+            pytest.skip("no IPv6 loopback on this machine")
+        assert service.server is not None, caplog.text
+        with urllib.request.urlopen(service.server.url, timeout=30) as response:
+            assert response.status == 200
+    finally:
+        service.close()
+        recorder.close()
+
+
+def _openssl_pair(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed")
+    cert, key = tmp_path / f"{name}-cert.pem", tmp_path / f"{name}-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_tls_errors_name_the_file(tmp_path: Path) -> None:
+    missing, text = tmp_path / "missing.pem", tmp_path / "text.pem"
+    text.write_text("not a certificate\n")
+    cert, key = _openssl_pair(tmp_path, "a")
+    other_cert, _ = _openssl_pair(tmp_path, "b")
+    cases = [
+        ((missing, key), f"cannot read TLS certificate file '{missing}'"),
+        ((cert, missing), f"cannot read TLS key file '{missing}'"),
+        ((text, key), f"TLS certificate file '{text}' holds no PEM certificate"),
+        ((cert, text), f"TLS key file '{text}' holds no PEM private key"),
+        ((other_cert, key), f"cannot use TLS certificate file '{other_cert}' with key file '{key}'"),
+    ]
+    for (c, k), message in cases:
+        with pytest.raises(ValueError) as info:
+            tls_context(str(c), str(k))
+        assert message in str(info.value)
+    assert isinstance(tls_context(str(cert), str(key)), ssl.SSLContext)
+
+
+def test_tls_file_errors_reach_the_log_and_leave_the_port_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mcp_token_otel.config import config_from_dict
+    from mcp_token_otel.emitters.prometheus_service import start_prometheus
+    from mcp_token_otel.recorder import TokenRecorder
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    missing = tmp_path / "nope.pem"
+    config = config_from_dict({"prometheus": {"port": port, "tls_cert_file": str(missing),
+                                              "tls_key_file": str(missing)}})
+    recorder = TokenRecorder(config)
+    service = start_prometheus(recorder, config.prometheus)
+    recorder.close()
+    assert service.server is None
+    assert f"cannot read TLS certificate file '{missing}'" in caplog.text
+    with socket.socket() as again:  # nothing was left bound to the port
+        again.bind(("127.0.0.1", port))
+
+
+def test_tls_slow_handshakes_do_not_hold_threads(tmp_path: Path, start: Callable[..., MetricsServer]) -> None:
+    cert, key = _openssl_pair(tmp_path, "c")
+    server = start(tls_cert_file=str(cert), tls_key_file=str(key), request_timeout=1.0)
+    idle = [socket.create_connection((server.host, server.port), timeout=30) for _ in range(50)]  # no ClientHello
+    try:
+        wait_for(lambda: server.open_connections == 50, "50 idle TLS connections")
+        assert server_threads() == 1 + DEFAULT_WORKERS
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(server.url, timeout=30, context=context) as response:
+            assert response.status == 200
+        wait_for(lambda: server.timed_out == 50, "the idle handshakes to time out")
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_concurrent_scrapes_share_renderings_but_never_across_credentials(
+    start: Callable[..., MetricsServer],
+) -> None:
+    """Scrapes that arrive during a rendering share it; the credentials are part of what is shared, so a
+    request without them never gets the body rendered for one with them."""
+    import base64
+
+    from mcp_token_otel.emitters.metrics_server import BasicAuth
+
+    server = start(auth=BasicAuth("prom", "s3cret"))
+    good = {"Authorization": "Basic " + base64.b64encode(b"prom:s3cret").decode()}
+
+    def fetch(authorised: bool) -> tuple[bool, int, bytes]:
+        request = urllib.request.Request(server.url, headers=good if authorised else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return authorised, response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return authorised, exc.code, exc.read()
+
+    with ThreadPoolExecutor(40) as pool:
+        results = list(pool.map(fetch, [i % 2 == 0 for i in range(400)]))
+    for authorised, status, body in results:
+        if authorised:
+            assert status == 200 and b"demo_things_total" in body
+        else:
+            assert status == 401 and b"demo_things" not in body
+
+
+def test_a_sequential_scrape_sees_what_was_recorded_before_it() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg)
+    try:
+        for i in range(1, 30):
+            counter.inc()
+            with urllib.request.urlopen(server.url, timeout=30) as response:
+                assert f"fresh_total {float(i)}".encode() in response.read()
+    finally:
+        server.close()
