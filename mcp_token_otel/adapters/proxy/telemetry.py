@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +23,23 @@ DEFAULT_SERVICE_NAME = "mcp-token-otel-proxy"
 
 class StartupError(Exception):
     """A problem that stops the proxy before it relays anything: one line, exit status 2."""
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Fail now, in one line, if ``host:port`` cannot be bound (the servers would only log it later)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves do
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
 class _StatsCollector:
@@ -102,6 +120,7 @@ class Telemetry:
             prom = config.prometheus
             prom = dataclasses.replace(prom, host=metrics_host or prom.host,
                                        port=prom.port if metrics_port is None else metrics_port)
+            check_port_free(prom.host, prom.port, "/metrics")
             self.prometheus = start_prometheus(self.recorder, prom)
             if self.prometheus.server is None:
                 raise StartupError(f"cannot serve /metrics on {prom.host}:{prom.port} (port in use?)")
