@@ -176,7 +176,8 @@ def test_startup_errors_one_line_exit_2() -> None:
     missing = subprocess.run(proxy_argv("--", "no-such-mcp-server-xyz"), capture_output=True, text=True,
                              env=env, timeout=30)
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == ["mcp-token-otel proxy: error: command not found: no-such-mcp-server-xyz"]
+    expected = "mcp-token-otel proxy: error: command not found: no-such-mcp-server-xyz"
+    assert missing.stderr.strip().splitlines() == [expected]
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
