@@ -1,0 +1,293 @@
+"""The streamable-HTTP reverse proxy: a small ASGI app (served by uvicorn) with an httpx2 streaming client.
+
+Every request goes to the upstream's origin at the same path and query (the MCP endpoint, the OAuth
+``/.well-known/...`` metadata, anything else), with every header but the hop-by-hop ones and ``Host``
+(set to the upstream's, as reverse proxies do). Status, headers (``Mcp-Session-Id``, ``WWW-Authenticate``...)
+and body come back untouched, body chunks relayed as they arrive (``aiter_raw``: no decompression, no
+re-framing); ASGI ``send`` waits while the client's socket is full, and the upstream is read no faster
+(backpressure). A client that goes away mid-stream cancels the upstream request.
+
+Measuring: POST bodies (client to server) and JSON or SSE response bodies (server to client) are handed to
+the measuring queue chunk by chunk just before they are forwarded. Sessions are keyed by ``Mcp-Session-Id``;
+a request without one (``initialize``, stateless servers) is its own exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx2 as httpx
+
+from .jsonrpc import A_SERVER_NAME, BODY, C2S, S2C, SSE, MessageStream, Tracker
+from .telemetry import StartupError, Telemetry, check_port_free
+
+logger = logging.getLogger("mcp_token_otel.proxy")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade",
+})
+MAX_SESSIONS = 10_000
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise StartupError(f"--listen: expected HOST:PORT (e.g. 127.0.0.1:8080), got {value!r}")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+class HttpProxy:
+    def __init__(self, upstream: str, host: str, port: int, *, name: str | None = None) -> None:
+        url = urllib.parse.urlsplit(upstream)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise StartupError(f"--upstream: expected an http:// or https:// URL, got {upstream!r}")
+        self.upstream = upstream
+        self.origin = f"{url.scheme}://{url.netloc}"
+        self.upstream_host = url.hostname
+        self.upstream_port = url.port or (443 if url.scheme == "https" else 80)
+        self.host_header = url.netloc.rsplit("@", 1)[-1].encode()
+        self.host, self.port = host, port
+        self.name = name or url.hostname
+
+    def check(self) -> None:
+        check_port_free(self.host, self.port, "the proxy")
+        try:
+            socket.create_connection((self.upstream_host, self.upstream_port), timeout=5).close()
+        except OSError as exc:
+            raise StartupError(f"upstream unreachable: {self.upstream} ({exc.strerror or exc})") from None
+
+    def run(self, telemetry: Telemetry) -> int:
+        import uvicorn
+
+        app = ProxyApp(self, telemetry)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", lifespan="off",
+                                access_log=False, timeout_graceful_shutdown=2)
+        server = uvicorn.Server(config)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise StartupError(f"cannot listen for the proxy on {self.host}:{self.port}: {exc.strerror}") from None
+        sock.listen(1024)
+        self.port = sock.getsockname()[1]
+        logger.info("mcp-token-otel proxy: http://%s:%d -> %s", self.host, self.port, self.upstream)
+
+        async def main() -> None:
+            timeout = httpx.Timeout(10.0, read=None, write=None, pool=None)
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+            async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+                app.client = client
+                try:
+                    await server.serve(sockets=[sock])
+                finally:
+                    app.close_sessions()
+
+        # uvicorn handles SIGINT/SIGTERM while serving, then raises them again for the previous handlers: make
+        # those no-ops, so a signal is a graceful stop that still flushes spans and metrics (exit status 0).
+        previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            asyncio.run(main())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0
+
+
+class ProxyApp:
+    """The ASGI application: relay, then measure off the path."""
+
+    def __init__(self, proxy: HttpProxy, telemetry: Telemetry) -> None:
+        self.proxy = proxy
+        self.telemetry = telemetry
+        self.client: httpx.AsyncClient | None = None
+        self.sessions: OrderedDict[str, Tracker] = OrderedDict()
+        self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
+                       A_SERVER_NAME: proxy.name}
+
+    # ------------------------------------------------------------------ sessions
+
+    def _tracker(self, session_id: str | None) -> Tracker:
+        measurer = self.telemetry.measurer
+        if session_id is None:  # its own exchange: closed when the response ends
+            return measurer.tracker(session_key=None, transport="tcp", attributes=self._attrs)
+        tracker = self.sessions.get(session_id)
+        if tracker is None:
+            tracker = measurer.tracker(session_key=session_id, session_id=session_id, transport="tcp",
+                                       attributes=self._attrs)
+            self.sessions[session_id] = tracker
+            if len(self.sessions) > MAX_SESSIONS:  # sessions never DELETEd: the oldest goes
+                _, oldest = self.sessions.popitem(last=False)
+                measurer.close_tracker(oldest)
+        else:
+            self.sessions.move_to_end(session_id)
+        return tracker
+
+    def _end_session(self, session_id: str) -> None:
+        tracker = self.sessions.pop(session_id, None)
+        if tracker is not None:
+            self.telemetry.measurer.close_tracker(tracker)
+
+    def close_sessions(self) -> None:
+        for session_id in list(self.sessions):
+            self._end_session(session_id)
+
+    # ------------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        client = self.client
+        assert client is not None
+        measurer = self.telemetry.measurer
+        method: str = scope["method"]
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string") or b""
+        url = self.proxy.origin + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        headers: list[tuple[bytes, bytes]] = [(b"host", self.proxy.host_header)]
+        session_id: str | None = None
+        version: str | None = None
+        for key, value in scope["headers"]:
+            lower = key.lower()
+            if lower in HOP_BY_HOP or lower == b"host":
+                continue
+            if lower == b"mcp-session-id":
+                session_id = value.decode("latin-1")
+            elif lower == b"mcp-protocol-version":
+                version = value.decode("latin-1")
+            headers.append((key, value))
+        measure = not path.startswith(b"/.well-known/")
+        tracker = self._tracker(session_id) if measure else None
+        if tracker is not None and version:
+            tracker.protocol_version = version
+        up: MessageStream | None = measurer.stream(tracker, C2S, BODY) if tracker and method == "POST" else None
+        body_done = asyncio.Event()
+        disconnected = asyncio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        disconnected.set()
+                        return
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        if up is not None:
+                            measurer.put(up, chunk)
+                        yield chunk
+                    if not message.get("more_body", False):
+                        return
+            finally:
+                body_done.set()
+
+        has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
+        if not has_body:  # GET, DELETE...: take the (empty) body message now; httpx sends no body headers
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body_done.set()
+        request = client.build_request(method, url, headers=headers, content=body() if has_body else None)
+        given = {k.lower().decode("latin-1") for k, _ in headers} | {"content-length", "transfer-encoding"}
+        for name in list(request.headers.keys()):  # httpx's own defaults (Accept-Encoding...) stay out
+            if name not in given:
+                del request.headers[name]
+        response: httpx.Response | None = None
+        try:
+            try:
+                response = await client.send(request, stream=True)
+            except httpx.HTTPError as exc:
+                logger.warning("mcp-token-otel proxy: upstream %s %s failed: %s", method, url, exc or type(exc))
+                if not disconnected.is_set():
+                    await _plain(send, 502, b"mcp-token-otel proxy: upstream unreachable\n")
+                return
+            new_session = response.headers.get("mcp-session-id")
+            if tracker is not None and session_id is None and new_session:
+                tracker.session_key = tracker.session_id = new_session  # initialize: the exchange joins it
+            if up is not None:
+                measurer.finish(up)
+                up = None
+            out_headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
+            down = self._response_stream(tracker, response)
+            await self._relay(response, down, send, receive, body_done, disconnected)
+            if session_id is not None and (method == "DELETE" or response.status_code == 404):
+                self._end_session(session_id)  # gone upstream: its budget closes
+        finally:
+            if up is not None:
+                measurer.finish(up)
+            if response is not None:
+                await response.aclose()
+            if tracker is not None and session_id is None:
+                measurer.close_tracker(tracker)
+
+    def _response_stream(self, tracker: Tracker | None, response: httpx.Response) -> MessageStream | None:
+        if tracker is None or response.status_code in (401, 403):
+            return None
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if encoding != "identity":
+            return None  # relayed as is; compressed bodies are not measured
+        if ctype == "text/event-stream":
+            return self.telemetry.measurer.stream(tracker, S2C, SSE)
+        if ctype == "application/json":
+            return self.telemetry.measurer.stream(tracker, S2C, BODY)
+        return None
+
+    async def _relay(
+        self, response: httpx.Response, down: MessageStream | None, send: Send, receive: Receive,
+        body_done: asyncio.Event, disconnected: asyncio.Event,
+    ) -> None:
+        measurer = self.telemetry.measurer
+
+        async def pump() -> None:
+            try:
+                async for chunk in response.aiter_raw():
+                    if down is not None:
+                        measurer.put(down, chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except httpx.HTTPError as exc:  # the upstream died mid-stream: the client's response ends unfinished
+                logger.warning("mcp-token-otel proxy: upstream stream broken: %s", exc or type(exc))
+            finally:
+                if down is not None:
+                    measurer.finish(down)
+
+        async def watch() -> None:
+            await body_done.wait()
+            while not disconnected.is_set():
+                if (await receive())["type"] == "http.disconnect":
+                    disconnected.set()
+
+        pumping = asyncio.ensure_future(pump())
+        watching = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (pumping, watching):
+                task.cancel()
+            for task in (pumping, watching):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if disconnected.is_set() and not pumping.done():
+            logger.info("mcp-token-otel proxy: client went away mid-stream; upstream request closed")
+
+
+async def _plain(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
