@@ -224,7 +224,7 @@ def test_headers_auth_and_status_pass_through() -> None:
     post = seen[2]
     assert post["path"] == "/mcp" and post["query"] == "q=2" and post["body"] == message
     for key, value in {"authorization": "Bearer good", "mcp-session-id": "s-1", "mcp-protocol-version": "2025-11-25",
-                       "last-event-id": "ev-9", "x-custom": "kept", "host": f"127.0.0.1:{port}"}.items():
+                       "last-event-id": "ev-9", "x-custom": "kept", "host": base.split("//")[1]}.items():
         assert post["headers"][key] == value
     assert "accept-encoding" not in post["headers"] or post["headers"]["accept-encoding"] == "gzip, deflate"
     assert seen[1]["path"] == "/.well-known/oauth-protected-resource/mcp" and seen[1]["query"] == "x=1"

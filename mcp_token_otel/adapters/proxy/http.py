@@ -1,8 +1,9 @@
 """The streamable-HTTP reverse proxy: a small ASGI app (served by uvicorn) with an httpx2 streaming client.
 
 Every request goes to the upstream's origin at the same path and query (the MCP endpoint, the OAuth
-``/.well-known/...`` metadata, anything else), with every header but the hop-by-hop ones and ``Host``
-(set to the upstream's, as reverse proxies do). Status, headers (``Mcp-Session-Id``, ``WWW-Authenticate``...)
+``/.well-known/...`` metadata, anything else), with every header but the hop-by-hop ones. ``Host`` and
+``Origin`` go unchanged too: a server's DNS-rebinding protection sees what the client sent, exactly as
+without the proxy (rewriting Host would let a rebinding page through a protecting server). Status, headers (``Mcp-Session-Id``, ``WWW-Authenticate``...)
 and body come back untouched, body chunks relayed as they arrive (``aiter_raw``: no decompression, no
 re-framing); ASGI ``send`` waits while the client's socket is full, and the upstream is read no faster
 (backpressure). A client that goes away mid-stream cancels the upstream request.
@@ -58,7 +59,6 @@ class HttpProxy:
         self.origin = f"{url.scheme}://{url.netloc}"
         self.upstream_host = url.hostname
         self.upstream_port = url.port or (443 if url.scheme == "https" else 80)
-        self.host_header = url.netloc.rsplit("@", 1)[-1].encode()
         self.host, self.port = host, port
         self.name = name or url.hostname
 
@@ -158,12 +158,12 @@ class ProxyApp:
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string") or b""
         url = self.proxy.origin + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        headers: list[tuple[bytes, bytes]] = [(b"host", self.proxy.host_header)]
+        headers: list[tuple[bytes, bytes]] = []
         session_id: str | None = None
         version: str | None = None
         for key, value in scope["headers"]:
             lower = key.lower()
-            if lower in HOP_BY_HOP or lower == b"host":
+            if lower in HOP_BY_HOP:
                 continue
             if lower == b"mcp-session-id":
                 session_id = value.decode("latin-1")
