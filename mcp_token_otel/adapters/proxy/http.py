@@ -3,10 +3,11 @@
 Every request goes to the upstream's origin at the same path and query (the MCP endpoint, the OAuth
 ``/.well-known/...`` metadata, anything else), with every header but the hop-by-hop ones. ``Host`` and
 ``Origin`` go unchanged too: a server's DNS-rebinding protection sees what the client sent, exactly as
-without the proxy (rewriting Host would let a rebinding page through a protecting server). Status, headers
-(``Mcp-Session-Id``, ``WWW-Authenticate``...) and body come back untouched, body chunks relayed as they arrive (``aiter_raw``: no decompression, no
-re-framing); ASGI ``send`` waits while the client's socket is full, and the upstream is read no faster
-(backpressure). A client that goes away mid-stream cancels the upstream request.
+without the proxy (rewriting Host would let a rebinding page through a protecting server). Status,
+headers (``Mcp-Session-Id``, ``WWW-Authenticate``...) and body come back untouched, body chunks relayed as
+they arrive (``aiter_raw``: no decompression, no re-framing); ASGI ``send`` waits while the client's
+socket is full, and the upstream is read no faster (backpressure). A client that goes away mid-stream
+cancels the upstream request.
 
 Measuring: POST bodies (client to server) and JSON or SSE response bodies (server to client) are handed to
 the measuring queue chunk by chunk just before they are forwarded. Sessions are keyed by ``Mcp-Session-Id``;
