@@ -42,6 +42,18 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"transfer-encoding", b"upgrade",
 })
 MAX_SESSIONS = 10_000
+#: Request bodies up to this size are read whole before they go upstream (one write); larger ones stream.
+SMALL_BODY = 4 * 1024 * 1024
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    for key, value in headers:
+        if key.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -77,8 +89,12 @@ class HttpProxy:
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", lifespan="off",
                                 access_log=False, timeout_graceful_shutdown=2)
         server = uvicorn.Server(config)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so; set on the listener too
+        # (accepted sockets inherit it). Without it Nagle and delayed ACKs add ~40 ms to small responses.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
@@ -196,13 +212,21 @@ class ProxyApp:
             finally:
                 body_done.set()
 
-        has_body = any(k.lower() in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
-        if not has_body:  # GET, DELETE...: take the (empty) body message now; httpx sends no body headers
+        length = _content_length(scope["headers"])
+        content: Any = None
+        if length is not None and length <= SMALL_BODY:  # the usual POST: whole, then sent in one go
+            parts = [chunk async for chunk in body()]
+            if disconnected.is_set():
+                return
+            content = b"".join(parts)
+        elif length is not None or any(k.lower() == b"transfer-encoding" for k, _ in scope["headers"]):
+            content = body()  # large or chunked: streamed to the upstream as it arrives
+        else:  # GET, DELETE...: take the (empty) body message now; httpx sends no body headers
             message = await receive()
             if message["type"] == "http.disconnect":
                 return
             body_done.set()
-        request = client.build_request(method, url, headers=headers, content=body() if has_body else None)
+        request = client.build_request(method, url, headers=headers, content=content)
         given = {k.lower().decode("latin-1") for k, _ in headers} | {"content-length", "transfer-encoding"}
         for name in list(request.headers.keys()):  # httpx's own defaults (Accept-Encoding...) stay out
             if name not in given:
@@ -254,6 +278,20 @@ class ProxyApp:
         body_done: asyncio.Event, disconnected: asyncio.Event,
     ) -> None:
         measurer = self.telemetry.measurer
+        if "content-length" in response.headers and body_done.is_set():
+            # A body of known length (a JSON answer): relayed straight, no disconnect watch needed.
+            try:
+                async for chunk in response.aiter_raw():
+                    if down is not None:
+                        measurer.put(down, chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            except httpx.HTTPError as exc:
+                logger.warning("mcp-token-otel proxy: upstream response broken: %s", exc or type(exc))
+            finally:
+                if down is not None:
+                    measurer.finish(down)
+            return
 
         async def pump() -> None:
             try:
