@@ -189,3 +189,16 @@ def test_startup_errors_one_line_exit_2() -> None:
     assert line.startswith("mcp-token-otel proxy: error: cannot listen for /metrics on 127.0.0.1:") and "use" in line
     nothing = subprocess.run(proxy_argv(), capture_output=True, text=True, env=env, timeout=30)
     assert nothing.returncode == 2 and len(nothing.stderr.strip().splitlines()) == 1
+
+
+def test_client_gone_stops_the_server() -> None:
+    """The client closes its end of the proxy's stdout: the next server output cannot be delivered, so the proxy
+    closes the server's stdin and ends (no process left behind)."""
+    proc = _start_proxy(_child("echo"))
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdout.close()  # the client stops listening
+    proc.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/x"}\n')  # echoed back into a closed pipe
+    proc.stdin.flush()
+    proc.wait(timeout=30)
+    assert proc.returncode == 0  # echo exits 0 on the EOF the proxy passed on
+    proc.stdin.close()
