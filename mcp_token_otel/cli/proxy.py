@@ -67,29 +67,35 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
 
 def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> int:
     from ..adapters.proxy.stdio import StdioProxy, default_name
-    from ..adapters.proxy.telemetry import StartupError, Telemetry
 
     name = args.name or default_name(command)
-    telemetry = Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=args.metrics_port)
+    telemetry = _telemetry(args, config, name)
     proxy = StdioProxy(command, telemetry, name=name)
     try:
-        try:
-            proxy.start()
-        except StartupError:
-            raise
+        proxy.start()
         return proxy.run()
     finally:
         telemetry.close()
 
 
+def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
+    """The measuring side, in its own process (its CPU time never holds the relay's GIL)."""
+    from ..adapters.proxy.measure_process import RemoteTelemetry
+    from ..adapters.proxy.telemetry import check_port_free
+
+    if args.metrics_port is not None or config.prometheus.enabled:  # one clear line now, not from the child
+        port = config.prometheus.port if args.metrics_port is None else args.metrics_port
+        check_port_free(args.metrics_host or config.prometheus.host, port, "/metrics")
+    return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
+
+
 def _run_http(args: argparse.Namespace, config: Config) -> int:
     from ..adapters.proxy.http import HttpProxy, parse_listen
-    from ..adapters.proxy.telemetry import Telemetry
 
     host, port = parse_listen(args.listen)
     proxy = HttpProxy(args.upstream, host, port, name=args.name)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
-    telemetry = Telemetry(config, proxy.name, metrics_host=args.metrics_host, metrics_port=args.metrics_port)
+    telemetry = _telemetry(args, config, proxy.name)
     try:
         return proxy.run(telemetry)
     finally:

@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx2 as httpx
 
-from .jsonrpc import A_SERVER_NAME, BODY, C2S, S2C, SSE, MessageStream, Tracker
-from .telemetry import StartupError, Telemetry, check_port_free
+from .jsonrpc import A_SERVER_NAME, BODY, C2S, S2C, SSE
+from .telemetry import StartupError, check_port_free
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -82,7 +82,7 @@ class HttpProxy:
         except OSError as exc:
             raise StartupError(f"upstream unreachable: {self.upstream} ({exc.strerror or exc})") from None
 
-    def run(self, telemetry: Telemetry) -> int:
+    def run(self, telemetry: Any) -> int:
         import uvicorn
 
         app = ProxyApp(self, telemetry)
@@ -128,17 +128,17 @@ class HttpProxy:
 class ProxyApp:
     """The ASGI application: relay, then measure off the path."""
 
-    def __init__(self, proxy: HttpProxy, telemetry: Telemetry) -> None:
+    def __init__(self, proxy: HttpProxy, telemetry: Any) -> None:
         self.proxy = proxy
         self.telemetry = telemetry
         self.client: httpx.AsyncClient | None = None
-        self.sessions: OrderedDict[str, Tracker] = OrderedDict()
+        self.sessions: OrderedDict[str, Any] = OrderedDict()
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
 
     # ------------------------------------------------------------------ sessions
 
-    def _tracker(self, session_id: str | None) -> Tracker:
+    def _tracker(self, session_id: str | None) -> Any:
         measurer = self.telemetry.measurer
         if session_id is None:  # its own exchange: closed when the response ends
             return measurer.tracker(session_key=None, transport="tcp", attributes=self._attrs)
@@ -190,8 +190,8 @@ class ProxyApp:
         measure = not path.startswith(b"/.well-known/")
         tracker = self._tracker(session_id) if measure else None
         if tracker is not None and version:
-            tracker.protocol_version = version
-        up: MessageStream | None = measurer.stream(tracker, C2S, BODY) if tracker and method == "POST" else None
+            measurer.set_tracker(tracker, protocol_version=version)
+        up: Any = measurer.stream(tracker, C2S, BODY) if tracker and method == "POST" else None
         body_done = asyncio.Event()
         disconnected = asyncio.Event()
 
@@ -242,7 +242,7 @@ class ProxyApp:
                 return
             new_session = response.headers.get("mcp-session-id")
             if tracker is not None and session_id is None and new_session:
-                tracker.session_key = tracker.session_id = new_session  # initialize: the exchange joins it
+                measurer.set_tracker(tracker, session_key=new_session, session_id=new_session)  # joins the session
             if up is not None:
                 measurer.finish(up)
                 up = None
@@ -260,7 +260,7 @@ class ProxyApp:
             if tracker is not None and session_id is None:
                 measurer.close_tracker(tracker)
 
-    def _response_stream(self, tracker: Tracker | None, response: httpx.Response) -> MessageStream | None:
+    def _response_stream(self, tracker: Any, response: httpx.Response) -> Any:
         if tracker is None or response.status_code in (401, 403):
             return None
         encoding = response.headers.get("content-encoding", "identity").lower()
@@ -274,7 +274,7 @@ class ProxyApp:
         return None
 
     async def _relay(
-        self, response: httpx.Response, down: MessageStream | None, send: Send, receive: Receive,
+        self, response: httpx.Response, down: Any, send: Send, receive: Receive,
         body_done: asyncio.Event, disconnected: asyncio.Event,
     ) -> None:
         measurer = self.telemetry.measurer

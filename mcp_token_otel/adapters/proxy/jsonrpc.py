@@ -51,13 +51,16 @@ class ProxyStats:
         self.oversize = 0  # messages larger than the measuring limit (forwarded, not measured)
         self.faults = 0
         self.queue: MeasureQueue | None = None
+        #: Drops counted by the relay process when measuring runs in its own process (chunks, bytes).
+        self.remote_dropped: tuple[int, int] = (0, 0)
 
     def count(self, direction: str, kind: str) -> None:
         self.messages[(direction, kind)] += 1
 
     def dropped(self) -> tuple[int, int]:
         q = self.queue
-        return (q.dropped_chunks, q.dropped_bytes) if q is not None else (0, 0)
+        local = (q.dropped_chunks, q.dropped_bytes) if q is not None else (0, 0)
+        return local[0] + self.remote_dropped[0], local[1] + self.remote_dropped[1]
 
 
 @dataclass
@@ -353,6 +356,15 @@ class Measurer:
 
     def close_tracker(self, tracker: Tracker) -> None:
         self.queue.control(tracker.close)
+
+    def set_tracker(self, tracker: Tracker, **attrs: Any) -> None:
+        """Change a tracker's session key, id or protocol version, in order with the messages."""
+
+        def apply(_now: int) -> None:
+            for key, value in attrs.items():
+                setattr(tracker, key, value)
+
+        self.queue.control(apply)
 
     def _handle(self, stream: MessageStream, chunk: bytes, now: int) -> None:
         for message in stream.feed(chunk):

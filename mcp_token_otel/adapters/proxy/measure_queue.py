@@ -60,6 +60,10 @@ class MeasureQueue:
             self._cond.notify()
         return True
 
+    def pending(self) -> int:
+        """Items waiting (not counting the one being handled)."""
+        return len(self._items)
+
     def control(self, action: Callable[[int], None]) -> None:
         """Run ``action(time_ns)`` on the worker after everything queued before it; always accepted."""
         now = time.time_ns()

@@ -23,8 +23,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C, MessageStream
-from .telemetry import StartupError, Telemetry
+from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C
+from .telemetry import StartupError
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -42,7 +42,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 class StdioProxy:
     def __init__(
-        self, command: Sequence[str], telemetry: Telemetry, *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
+        self, command: Sequence[str], telemetry: Any, *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
         exit_grace: float = EXIT_GRACE,
     ) -> None:
         self.command = list(command)
@@ -100,7 +100,7 @@ class StdioProxy:
             logger.info("mcp-token-otel proxy: %s exited with status %d", self.name, code)
         return code
 
-    def _pump(self, src: int, dst: int, stream: MessageStream, reader: str, ended: Callable[[str], None]) -> None:
+    def _pump(self, src: int, dst: int, stream: Any, reader: str, ended: Callable[[str], None]) -> None:
         measurer = self.telemetry.measurer
         why = "eof"
         try:
