@@ -107,12 +107,18 @@ class HttpProxy:
         async def main() -> None:
             timeout = httpx.Timeout(10.0, read=None, write=None, pool=None)
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+            attach = getattr(telemetry.measurer, "attach_loop", None)
+            if attach is not None:  # measuring in its own process: hand records over from this loop
+                attach(asyncio.get_running_loop())
             async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
                 app.client = client
                 try:
                     await server.serve(sockets=[sock])
                 finally:
                     app.close_sessions()
+                    detach = getattr(telemetry.measurer, "detach_loop", None)
+                    if detach is not None:
+                        detach()
 
         # uvicorn handles SIGINT/SIGTERM while serving, then raises them again for the previous handlers: make
         # those no-ops, so a signal is a graceful stop that still flushes spans and metrics (exit status 0).

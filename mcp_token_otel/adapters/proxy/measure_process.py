@@ -15,11 +15,13 @@ Record: ``<B I I Q`` (op, id, payload length, time in ns) then the payload.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import itertools
 import json
 import logging
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -75,34 +77,132 @@ class RemoteMeasurer:
         self._broken = False
         self._dropped_sent = (0, 0)
         self.queue = MeasureQueue(self._write_data)
+        # Event-loop mode (HTTP): records are written from the loop thread itself, non-blocking, with a
+        # bounded backlog flushed when the pipe drains; no thread hand-off (and no GIL hand-off) per chunk.
+        self._loop: Any = None
+        self._backlog: collections.deque[memoryview] = collections.deque()
+        self._backlog_bytes = 0
+        self.max_backlog = self.queue.max_bytes
 
     # ------------------------------------------------------------------ relay side (never blocks)
 
     def tracker(self, **kwargs: Any) -> RemoteTracker:
         handle = RemoteTracker(next(self._ids))
-        payload = json.dumps(kwargs).encode()
-        self.queue.control(lambda now: self._send(NEW_TRACKER, handle.id, payload, now))
+        self._control(NEW_TRACKER, handle.id, json.dumps(kwargs).encode())
         return handle
 
     def stream(self, tracker: RemoteTracker, direction: str, framing: str) -> RemoteStream:
         handle = RemoteStream(next(self._ids))
         payload = json.dumps({"tracker": tracker.id, "direction": direction, "framing": framing}).encode()
-        self.queue.control(lambda now: self._send(NEW_STREAM, handle.id, payload, now))
+        self._control(NEW_STREAM, handle.id, payload)
         return handle
 
     def put(self, stream: RemoteStream, chunk: bytes) -> None:
-        if chunk:
+        if not chunk:
+            return
+        if self._loop is None:
             self.queue.put(stream, chunk)
+        elif self._backlog_bytes + len(chunk) > self.max_backlog:
+            self.queue.dropped_chunks += 1  # counted where the thread mode counts it
+            self.queue.dropped_bytes += len(chunk)
+            stream.lost = True
+        else:
+            if stream.lost:
+                stream.lost = False
+                self._loop_write(LOST, stream.id, b"")
+            self._loop_write(DATA, stream.id, chunk)
 
     def finish(self, stream: RemoteStream) -> None:
-        self.queue.control(lambda now: self._send(FINISH, stream.id, b"", now))
+        self._control(FINISH, stream.id, b"")
 
     def close_tracker(self, tracker: RemoteTracker) -> None:
-        self.queue.control(lambda now: self._send(CLOSE_TRACKER, tracker.id, b"", now))
+        self._control(CLOSE_TRACKER, tracker.id, b"")
 
     def set_tracker(self, tracker: RemoteTracker, **attrs: Any) -> None:
-        payload = json.dumps(attrs).encode()
-        self.queue.control(lambda now: self._send(SET_TRACKER, tracker.id, payload, now))
+        self._control(SET_TRACKER, tracker.id, json.dumps(attrs).encode())
+
+    def _control(self, op: int, ident: int, payload: bytes) -> None:
+        if self._loop is None:
+            self.queue.control(lambda now: self._send(op, ident, payload, now))
+        else:
+            self._loop_write(op, ident, payload)
+
+    # ------------------------------------------------------------------ event-loop mode
+
+    def attach_loop(self, loop: Any) -> None:
+        """From now on every call comes from ``loop``'s thread: write from it, never blocking."""
+        self.queue.drain(10)
+        self._pipe.flush()
+        os.set_blocking(self._pipe.fileno(), False)
+        self._loop = loop
+
+    def detach_loop(self, timeout: float = 10.0) -> None:
+        """The loop is stopping: write the backlog out (for at most ``timeout``) and go back to the thread."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        fd = self._pipe.fileno()
+        with contextlib.suppress(Exception):
+            loop.remove_writer(fd)
+        deadline = time.monotonic() + timeout
+        try:
+            while self._backlog and not self._broken:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([], [fd], [], left)[1]:
+                    logger.warning("mcp-token-otel proxy: measuring backlog not delivered at exit")
+                    break
+                self._flush_backlog()
+            os.set_blocking(fd, True)
+        except (OSError, ValueError):
+            self._broken = True
+        self._backlog.clear()
+        self._backlog_bytes = 0
+
+    def _loop_write(self, op: int, ident: int, payload: bytes) -> None:
+        if self._broken:
+            return
+        record = HEADER.pack(op, ident, len(payload), time.time_ns()) + payload
+        if self._backlog:
+            self._backlog.append(memoryview(record))
+            self._backlog_bytes += len(record)
+            return
+        try:
+            written = os.write(self._pipe.fileno(), record)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            self._gone()
+            return
+        if written < len(record):
+            rest = memoryview(record)[written:]
+            self._backlog.append(rest)
+            self._backlog_bytes += len(rest)
+            self._loop.add_writer(self._pipe.fileno(), self._flush_backlog)
+
+    def _flush_backlog(self) -> None:
+        fd = self._pipe.fileno()
+        try:
+            while self._backlog:
+                head = self._backlog[0]
+                written = os.write(fd, head)
+                self._backlog_bytes -= written
+                if written < len(head):
+                    self._backlog[0] = head[written:]
+                    return
+                self._backlog.popleft()
+        except BlockingIOError:
+            return
+        except OSError:
+            self._gone()
+        if (not self._backlog or self._broken) and self._loop is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(fd)
+
+    def _gone(self) -> None:
+        self._broken = True
+        self._backlog.clear()
+        self._backlog_bytes = 0
+        logger.warning("mcp-token-otel proxy: the measuring process is gone; relaying goes on unmeasured")
 
     # ------------------------------------------------------------------ queue thread
 
@@ -133,9 +233,14 @@ class RemoteMeasurer:
         return self.queue.pending() == 0
 
     def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (bounded by ``timeout``), then let the measuring process flush and exit."""
+        self.detach_loop(timeout)
         self.queue.control(lambda now: self._send(DROPPED, 0, json.dumps(
             (self.queue.dropped_chunks, self.queue.dropped_bytes)).encode(), now))
-        self.queue.close(timeout)
+        if not self.queue.drain(timeout):  # a stuck measurer: unblock the writer rather than hang
+            logger.warning("mcp-token-otel proxy: the measuring process is not keeping up; stopping it")
+            self.proc.kill()
+        self.queue.close(1.0)
         with contextlib.suppress(OSError, ValueError):
             self._pipe.close()
         try:
@@ -235,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    with contextlib.suppress(OSError):  # on a busy machine the relay gets the CPU first
+        os.nice(5)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
     from ...config import load_config
     from .telemetry import Telemetry
