@@ -44,8 +44,8 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     from ..adapters.proxy.telemetry import StartupError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(message)s")
-    # The measuring thread must never hold the relay up for long: hand the GIL over every 200 us when both
-    # want it (the default 5 ms would be added to a response that arrives while a message is being measured).
+    # The relay threads (stdio: two copiers and the queue's writer) hand the GIL over every 200 us when they
+    # compete, not every 5 ms (which would be added to a chunk that arrives meanwhile).
     sys.setswitchinterval(0.0002)
     command = list(args.command)
     if command and command[0] == "--":
