@@ -69,23 +69,36 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
     from ..adapters.proxy.stdio import StdioProxy, default_name
 
     name = args.name or default_name(command)
-    telemetry = _telemetry(args, config, name)
-    proxy = StdioProxy(command, telemetry, name=name)
+    _check_metrics_port(args, config)
+    proxy = StdioProxy(command, None, name=name)
+    proxy.start()  # the server boots while the measuring process starts
     try:
-        proxy.start()
+        telemetry = _telemetry(args, config, name)
+    except BaseException:
+        assert proxy.proc is not None
+        proxy.proc.kill()
+        proxy.proc.wait()
+        raise
+    proxy.telemetry = telemetry
+    try:
         return proxy.run()
     finally:
         telemetry.close()
 
 
+def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
+    """One clear line now if /metrics cannot be served (rather than from the measuring process later)."""
+    from ..adapters.proxy.telemetry import check_port_free
+
+    if args.metrics_port is not None or config.prometheus.enabled:
+        port = config.prometheus.port if args.metrics_port is None else args.metrics_port
+        check_port_free(args.metrics_host or config.prometheus.host, port, "/metrics")
+
+
 def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
     """The measuring side, in its own process (its CPU time never holds the relay's GIL)."""
     from ..adapters.proxy.measure_process import RemoteTelemetry
-    from ..adapters.proxy.telemetry import check_port_free
 
-    if args.metrics_port is not None or config.prometheus.enabled:  # one clear line now, not from the child
-        port = config.prometheus.port if args.metrics_port is None else args.metrics_port
-        check_port_free(args.metrics_host or config.prometheus.host, port, "/metrics")
     return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
 
 
@@ -95,6 +108,7 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     host, port = parse_listen(args.listen)
     proxy = HttpProxy(args.upstream, host, port, name=args.name)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
+    _check_metrics_port(args, config)
     telemetry = _telemetry(args, config, proxy.name)
     try:
         return proxy.run(telemetry)
