@@ -25,13 +25,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
                                   "or the upstream host)")
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default=None, metavar="HOST", help="address for /metrics (default: prometheus.host, 127.0.0.1)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address for /metrics (default: prometheus.host, 127.0.0.1)")
     p.add_argument("--listen", metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
     p.add_argument("--upstream", metavar="URL", help="HTTP mode: the streamable-HTTP MCP endpoint URL to forward to")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="proxy log level on stderr (default warning)")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]", help="stdio mode: -- COMMAND [ARGS...]")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                   help="stdio mode: the server command")
     p.set_defaults(func=run, estimator=None)
 
 
