@@ -139,6 +139,7 @@ class ProxyApp:
         self.telemetry = telemetry
         self.client: httpx.AsyncClient | None = None
         self.sessions: OrderedDict[str, Any] = OrderedDict()
+        self._urls: dict[tuple[bytes, bytes], httpx.URL] = {}
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
 
@@ -180,7 +181,12 @@ class ProxyApp:
         method: str = scope["method"]
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string") or b""
-        url = self.proxy.origin + path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        url = self._urls.get((path, query))
+        if url is None:  # parsed once per path and query (an MCP client uses one endpoint)
+            target = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+            url = httpx.URL(self.proxy.origin + target)
+            if len(self._urls) < 1024:
+                self._urls[(path, query)] = url
         headers: list[tuple[bytes, bytes]] = []
         session_id: str | None = None
         version: str | None = None
@@ -286,12 +292,18 @@ class ProxyApp:
         measurer = self.telemetry.measurer
         if "content-length" in response.headers and body_done.is_set():
             # A body of known length (a JSON answer): relayed straight, no disconnect watch needed.
+            length = response.headers["content-length"]
+            left = int(length) if length.isdigit() else -1
+            done = False
             try:
                 async for chunk in response.aiter_raw():
                     if down is not None:
                         measurer.put(down, chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    left -= len(chunk)
+                    done = left == 0  # the last chunk ends the response: one send less
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not done})
+                if not done:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
             except httpx.HTTPError as exc:
                 logger.warning("mcp-token-otel proxy: upstream response broken: %s", exc or type(exc))
             finally:
