@@ -322,3 +322,26 @@ def test_upstream_dies_mid_stream() -> None:
     finally:
         upstream.kill()
         upstream.wait()
+
+
+def test_sessions_end_with_delete_no_state_left() -> None:
+    """Each client session ends with DELETE: its budget closes, so nothing accumulates in the proxy."""
+
+    async def sessions(url: str) -> None:
+        for _ in range(5):
+            with anyio.fail_after(30):
+                async with Client(url, mode="legacy") as client:
+                    await client.call_tool("big", {"n": 100})
+
+    with _serve(_own_server().streamable_http_app()) as port, \
+            http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, mport):
+        anyio.run(sessions, base + "/mcp")
+
+        def settled() -> str | None:
+            text = scrape(mport)
+            ended = sample(text, "mcp_token_session_utilization_ratio_count", side="proxy")
+            return text if ended >= 5 else None
+
+        text = wait_for(settled, what="five proxy sessions ended")
+    assert sample(text, "mcp_token_sessions", side="proxy") == 0  # live sessions, every state
+    assert sample(text, "mcp_token_tokens_total", side="proxy", tool="big", direction="output") > 0
