@@ -166,7 +166,10 @@ def _assert_gone(pid: int) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        return False
+        try:  # a zombie nobody has reaped yet (orphans go to PID 1) has exited too
+            return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+        except (OSError, IndexError):
+            return False
 
     wait_for(gone, what=f"child {pid} gone")
 
@@ -201,4 +204,16 @@ def test_client_gone_stops_the_server() -> None:
     proc.stdin.flush()
     proc.wait(timeout=30)
     assert proc.returncode == 0  # echo exits 0 on the EOF the proxy passed on
+    proc.stdin.close()
+
+
+def test_proxy_killed_takes_the_server_along() -> None:
+    """Even SIGKILL (no handler can run): the server gets SIGTERM from the kernel (Linux parent-death signal)."""
+    proc = _start_proxy(_child("sleeper"))
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait(timeout=30)
+    _assert_gone(pid)
+    assert proc.stdin is not None
     proc.stdin.close()

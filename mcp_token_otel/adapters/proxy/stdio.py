@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -31,6 +32,16 @@ logger = logging.getLogger("mcp_token_otel.proxy")
 CHUNK = 64 * 1024  # below malloc's mmap threshold: cheap for small messages, fine for 100 MB ones
 #: Seconds the child gets to exit after its stdin closed, then after SIGTERM (the SDK's stdio client uses 2).
 EXIT_GRACE = 2.0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the proxy dies, even by SIGKILL, so no server is orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -56,7 +67,8 @@ class StdioProxy:
 
     def start(self) -> None:
         try:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         except FileNotFoundError:
             raise StartupError(f"command not found: {self.command[0]}") from None
         except PermissionError:
