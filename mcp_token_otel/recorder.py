@@ -53,8 +53,8 @@ from .emitters.semconv import (
 
 logger = logging.getLogger(__name__)
 
-Side = Literal["client", "server"]
-SIDES: tuple[Side, ...] = ("client", "server")
+Side = Literal["client", "server", "proxy"]
+SIDES: tuple[Side, ...] = ("client", "server", "proxy")
 
 
 def _status_unset(span: Span) -> bool:

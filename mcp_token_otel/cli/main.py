@@ -201,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="print the final table only")
     demo.set_defaults(func=_cmd_demo, estimator=None)
 
+    from .proxy import add_parser as add_proxy_parser
+
+    add_proxy_parser(sub)
+
     cfg = sub.add_parser("config", help="print the effective configuration (file + environment)")
     cfg.set_defaults(func=_cmd_config, estimator=None)
     return parser

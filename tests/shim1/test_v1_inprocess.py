@@ -275,6 +275,7 @@ def test_budget_transitions_and_session_end(otel: Otel, small_budget: Any) -> No
     assert small_budget.states() == {
         "client": {"ok": 0, "warning": 0, "exhausted": 0},
         "server": {"ok": 0, "warning": 0, "exhausted": 0},
+        "proxy": {"ok": 0, "warning": 0, "exhausted": 0},
     }
     for metric_points in points.values():
         for p in metric_points:

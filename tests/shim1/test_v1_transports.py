@@ -184,6 +184,7 @@ def test_streamable_http(otel: Otel, instrumented: Any) -> None:
     assert instrumented.states() == {
         "client": {"ok": 0, "warning": 0, "exhausted": 0},
         "server": {"ok": 0, "warning": 0, "exhausted": 0},
+        "proxy": {"ok": 0, "warning": 0, "exhausted": 0},
     }
     ends = {p.attributes["mcp_token.side"]: p.count for p in metrics["mcp_token.session.utilization"]}
     assert ends == {"client": 1, "server": 1}

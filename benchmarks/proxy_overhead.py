@@ -1,0 +1,244 @@
+"""Latency and throughput the proxy adds, stdio and streamable HTTP, 2 KB and 200 KB results, proxy vs direct.
+
+Both arms run in this one process against the same kind of server, requests interleaved (one to the direct
+server, one through the proxy, ...), so machine noise hits both alike. The servers are minimal JSON-RPC
+responders (a Python line responder for stdio, a bare ASGI app on uvicorn for HTTP) so that the figures are
+the proxy's, not an SDK's. The proxy runs as a user runs it (``mcp-token-otel proxy``, default config,
+measurement on). Added latency = proxy percentile - direct percentile.
+
+    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LINE_SERVER = textwrap.dedent("""
+    import json, sys
+    size = int(sys.argv[1])
+    text = "x" * size
+    out = sys.stdout.buffer
+    for line in sys.stdin.buffer:
+        rid = json.loads(line)["id"]
+        body = {"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": text}]}}
+        out.write(json.dumps(body).encode() + b"\\n")
+        out.flush()
+""")
+
+HTTP_SERVER = textwrap.dedent("""
+    import json, sys, uvicorn
+    size, port = int(sys.argv[1]), int(sys.argv[2])
+    text = "x" * size
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            m = await receive()
+            body += m.get("body", b"")
+            if not m.get("more_body"):
+                break
+        rid = json.loads(body)["id"]
+        out = json.dumps({"jsonrpc": "2.0", "id": rid,
+                          "result": {"content": [{"type": "text", "text": text}]}}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_open(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listening on {port}")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def _proxy(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mcp_token_otel.cli", "proxy", *args]
+
+
+def _request(rid: int) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                       "params": {"name": "payload", "arguments": {"q": "benchmark"}}}).encode()
+
+
+class StdioArm:
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env())
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.rid = 0
+
+    def call(self) -> int:
+        self.rid += 1
+        self.stdin.write(_request(self.rid) + b"\n")
+        self.stdin.flush()
+        line = self.stdout.readline()
+        assert line.endswith(b"\n")
+        return len(line)
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class HttpArm:
+    def __init__(self, url: str) -> None:
+        import httpx2
+
+        self.client = httpx2.Client(timeout=30)
+        self.url = url
+        self.rid = 0
+
+    def call(self) -> int:
+        self.rid += 1
+        response = self.client.post(self.url, content=_request(self.rid), headers={"content-type": "application/json"})
+        return len(response.content)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _interleaved(arms: dict[str, Any], iterations: int, warmup: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    clock = time.perf_counter_ns
+    for i in range(warmup + iterations):
+        order = list(arms.items()) if i % 2 else list(reversed(arms.items()))  # neither arm always goes first
+        for name, arm in order:
+            start = clock()
+            arm.call()
+            elapsed = (clock() - start) / 1000.0
+            if i >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
+def _throughput(arm: Any, seconds: float) -> float:
+    """Sequential requests per second for ``seconds``."""
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        arm.call()
+        done += 1
+    return done / (time.perf_counter() - start)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str, float]) -> dict[str, Any]:
+    d, p = times["direct"], times["proxy"]
+    return {
+        "transport": transport, "result": f"{size // 1000} KB",
+        "direct_p50_us": _pct(d, 0.5), "proxy_p50_us": _pct(p, 0.5),
+        "added_p50_us": _pct(p, 0.5) - _pct(d, 0.5), "added_p95_us": _pct(p, 0.95) - _pct(d, 0.95),
+        "direct_mean_us": statistics.fmean(d), "proxy_mean_us": statistics.fmean(p),
+        "direct_p99_us": _pct(d, 0.99), "proxy_p99_us": _pct(p, 0.99),
+        "ratio_p50": _pct(p, 0.5) / _pct(d, 0.5),
+        "direct_rps": rps["direct"], "proxy_rps": rps["proxy"],
+    }
+
+
+def bench_stdio(size: int, iterations: int, warmup: int) -> dict[str, Any]:
+    server = [sys.executable, "-c", LINE_SERVER, str(size)]
+    arms = {"direct": StdioArm(server), "proxy": StdioArm(_proxy("--name", "bench", "--", *server))}
+    try:
+        times = _interleaved(arms, iterations, warmup)
+        rps = {name: _throughput(arm, 1.0) for name, arm in arms.items()}
+    finally:
+        for arm in arms.values():
+            arm.close()
+    return _row("stdio", size, times, rps)
+
+
+def bench_http(size: int, iterations: int, warmup: int) -> dict[str, Any]:
+    port, proxy_port = _free_port(), _free_port()
+    server = subprocess.Popen([sys.executable, "-c", HTTP_SERVER, str(size), str(port)], env=_env())
+    proxy: subprocess.Popen[bytes] | None = None
+    arms: dict[str, Any] = {}
+    try:
+        _wait_open(port)
+        proxy = subprocess.Popen(_proxy("--listen", f"127.0.0.1:{proxy_port}", "--upstream",
+                                        f"http://127.0.0.1:{port}/mcp"), env=_env())
+        _wait_open(proxy_port)
+        arms = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp"), "proxy": HttpArm(f"http://127.0.0.1:{proxy_port}/mcp")}
+        times = _interleaved(arms, iterations, warmup)
+        rps = {name: _throughput(arm, 1.0) for name, arm in arms.items()}
+    finally:
+        for arm in arms.values():
+            arm.close()
+        for proc in (proxy, server):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+    return _row("HTTP", size, times, rps)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--iterations", type=int, default=2000, help="interleaved requests per arm at 2 KB")
+    parser.add_argument("--large-iterations", type=int, default=300, help="interleaved requests per arm at 200 KB")
+    parser.add_argument("--transport", choices=("stdio", "http", "both"), default="both")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    args = parser.parse_args()
+    runs: list[tuple[Callable[[int, int, int], dict[str, Any]], int, int]] = []
+    if args.transport in ("stdio", "both"):
+        runs += [(bench_stdio, 2_000, args.iterations), (bench_stdio, 200_000, args.large_iterations)]
+    if args.transport in ("http", "both"):
+        runs += [(bench_http, 2_000, args.iterations), (bench_http, 200_000, args.large_iterations)]
+    load_before = os.getloadavg()[0]
+    rows = [bench(size, n, max(50, n // 10)) for bench, size, n in runs]
+    print(f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
+          f"times in microseconds per request (round trip), {args.iterations} / {args.large_iterations} per arm")
+    print(f"{'transport':<10}{'result':>8}{'direct p50':>12}{'proxy p50':>11}{'added p50':>11}{'added p95':>11}"
+          f"{'direct mean':>13}{'proxy mean':>12}{'direct p99':>12}{'proxy p99':>11}{'p50 ratio':>11}"
+          f"{'direct req/s':>14}{'proxy req/s':>13}")
+    for r in rows:
+        print(f"{r['transport']:<10}{r['result']:>8}{r['direct_p50_us']:>10.0f}us{r['proxy_p50_us']:>9.0f}us"
+              f"{r['added_p50_us']:>9.0f}us{r['added_p95_us']:>9.0f}us{r['direct_mean_us']:>11.0f}us"
+              f"{r['proxy_mean_us']:>10.0f}us{r['direct_p99_us']:>10.0f}us{r['proxy_p99_us']:>9.0f}us"
+              f"{r['ratio_p50']:>10.2f}x{r['direct_rps']:>14.0f}{r['proxy_rps']:>13.0f}")
+    limits = {"stdio": 300.0, "HTTP": 1000.0}
+    for r in rows:
+        if r["result"] == "2 KB":
+            met = r["added_p50_us"] <= limits[r["transport"]]
+            print(f"target {r['transport']} 2 KB added p50 <= {limits[r['transport']]:.0f} us: "
+                  f"{'met' if met else 'MISSED'}")
+        else:
+            print(f"target {r['transport']} 200 KB p50 <= 2x direct: {'met' if r['ratio_p50'] <= 2 else 'MISSED'}")
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""Framing and pairing of JSON-RPC messages the proxy has already forwarded (runs on the measuring thread).
+
+A :class:`MessageStream` is one direction of one byte stream (a stdio pipe, an HTTP body, an SSE stream);
+it turns the chunks the relay forwarded into whole JSON-RPC messages. A :class:`Tracker` is one MCP session:
+it pairs requests with responses by id in both directions (server-to-client requests too), opens a span per
+request and feeds the shared :class:`~mcp_token_otel.recorder.TokenRecorder` with ``side="proxy"``.
+Whatever cannot be paired or parsed (a response to an unknown id, invalid JSON) was forwarded unchanged
+anyway: here it is only counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.propagate import extract
+from opentelemetry.trace import Span, SpanKind, StatusCode
+
+from ...emitters.semconv import A_ERROR_TYPE, A_PROTOCOL, call_attributes, span_name
+from ...recorder import TokenRecorder
+from .._common import called_tool
+from .measure_queue import MeasureQueue
+
+logger = logging.getLogger(__name__)
+
+#: Directions of a message, as seen by the proxy.
+C2S = "client_to_server"
+S2C = "server_to_client"
+DIRECTIONS = (C2S, S2C)
+KINDS = ("request", "response", "notification", "invalid", "unmatched")
+
+#: Span attribute: the proxied server's name (``--name``); metrics get it as ``server`` with issue 11.
+A_SERVER_NAME = "mcp_token.server.name"
+
+LINES, BODY, SSE = "lines", "body", "sse"
+DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
+MAX_PENDING = 10_000
+
+
+class ProxyStats:
+    """What the proxy counts beyond the recorder: messages by kind, measurement drops. Plain ints written by
+    one thread (the worker) and read by collectors; the queue's own drop counters are read live."""
+
+    def __init__(self, server_name: str) -> None:
+        self.server_name = server_name
+        self.messages: dict[tuple[str, str], int] = {(d, k): 0 for d in DIRECTIONS for k in KINDS}
+        self.oversize = 0  # messages larger than the measuring limit (forwarded, not measured)
+        self.faults = 0
+        self.queue: MeasureQueue | None = None
+        #: Drops counted by the relay process when measuring runs in its own process (chunks, bytes).
+        self.remote_dropped: tuple[int, int] = (0, 0)
+
+    def count(self, direction: str, kind: str) -> None:
+        self.messages[(direction, kind)] += 1
+
+    def dropped(self) -> tuple[int, int]:
+        q = self.queue
+        local = (q.dropped_chunks, q.dropped_bytes) if q is not None else (0, 0)
+        return local[0] + self.remote_dropped[0], local[1] + self.remote_dropped[1]
+
+
+@dataclass
+class Pending:
+    span: Span | None
+    method: str
+    tool: str | None
+
+
+class MessageStream:
+    """One direction of one byte stream, framed into messages on the worker thread."""
+
+    def __init__(self, tracker: Tracker, direction: str, framing: str, max_message: int = DEFAULT_MAX_MESSAGE):
+        self.tracker = tracker
+        self.direction = direction
+        self.framing = framing
+        self.max_message = max_message
+        #: Set by the relay when a chunk of this stream was dropped: the worker resynchronises.
+        self.lost = False
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._skip = False  # inside a message we cannot measure (lost chunk, too large)
+        self._data: list[bytes] = []  # SSE: the data lines of the event being read
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The messages this chunk completes."""
+        if self.lost:
+            self.lost = False
+            self._parts.clear()
+            self._size = 0
+            self._data.clear()
+            self._skip = True
+        if self.framing == BODY:
+            if not self._skip:
+                self._append(chunk)
+            return []
+        out: list[bytes] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = chunk[start:nl]
+            if self._skip:
+                self._skip = False
+                self._parts.clear()
+                self._size = 0
+            else:
+                line = b"".join((*self._parts, piece)) if self._parts else piece
+                self._parts.clear()
+                self._size = 0
+                self._line(line, out)
+            start = nl + 1
+        if start < len(chunk) and not self._skip:
+            self._append(chunk[start:] if start else chunk)
+        return out
+
+    def finish(self) -> list[bytes]:
+        """End of stream: what is left (a body; a last line without its newline)."""
+        out: list[bytes] = []
+        if not self._skip and not self.lost and self._parts:
+            rest = b"".join(self._parts)
+            if self.framing == BODY:
+                out.append(rest)
+            else:
+                self._line(rest, out)
+        if self.framing == SSE and self._data:
+            out.append(b"\n".join(self._data))
+        self._parts.clear()
+        self._data.clear()
+        return out
+
+    def _append(self, piece: bytes) -> None:
+        self._size += len(piece)
+        if self._size > self.max_message:
+            self.tracker.stats.oversize += 1
+            self._parts.clear()
+            self._size = 0
+            self._skip = True
+        else:
+            self._parts.append(piece)
+
+    def _line(self, line: bytes, out: list[bytes]) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if self.framing == LINES:
+            if line.strip():
+                out.append(line)
+            return
+        # SSE: data lines accumulate until a blank line ends the event; other fields are not messages.
+        if not line:
+            if self._data:
+                out.append(b"\n".join(self._data))
+                self._data.clear()
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+
+
+def _id_key(value: Any) -> tuple[str, Any] | None:
+    # 1 and "1" are different ids; anything unhashable is not a valid id.
+    if isinstance(value, bool) or (not isinstance(value, (str, int, float)) and value is not None):
+        return None
+    return (type(value).__name__, value)
+
+
+class Tracker:
+    """One MCP session seen by the proxy: pending requests in both directions, its budget key, its spans."""
+
+    def __init__(
+        self,
+        recorder: TokenRecorder,
+        stats: ProxyStats,
+        *,
+        session_key: str | None,
+        session_id: str | None = None,
+        transport: str,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.stats = stats
+        self.session_key = session_key  # budget key (None: off the budget)
+        self.session_id = session_id  # the protocol's Mcp-Session-Id, when there is one
+        self.transport = transport
+        self.attributes = dict(attributes or {})
+        self.protocol_version: str | None = None
+        self.pending: dict[tuple[str, tuple[str, Any]], Pending] = {}
+        self.closed = False
+
+    # Everything below runs on the measuring thread only.
+
+    def observe(self, direction: str, raw: bytes, now: int) -> None:
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):
+            self.stats.count(direction, "invalid")
+            return
+        if isinstance(message, list):  # a batch: each element is its own message
+            if not message:
+                self.stats.count(direction, "invalid")
+            for item in message:
+                self._one(direction, item, now)
+        else:
+            self._one(direction, message, now)
+
+    def _one(self, direction: str, message: Any, now: int) -> None:
+        if not isinstance(message, dict):
+            self.stats.count(direction, "invalid")
+            return
+        method = message.get("method")
+        if isinstance(method, str):
+            if "id" in message:
+                self._request(direction, method, message, now)
+            else:
+                self.stats.count(direction, "notification")
+                self.recorder.record_input(None, "proxy", method, message.get("params"))
+            return
+        if "id" in message and ("result" in message or "error" in message):
+            self._response(direction, message, now)
+            return
+        self.stats.count(direction, "invalid")
+
+    def _request(self, direction: str, method: str, message: dict[str, Any], now: int) -> None:
+        key = _id_key(message.get("id"))
+        if key is None:
+            self.stats.count(direction, "invalid")
+            return
+        self.stats.count(direction, "request")
+        params = message.get("params")
+        attrs = call_attributes(
+            method, params, session_id=self.session_id, request_id=message.get("id"),
+            protocol_version=self.protocol_version, transport=self.transport,
+        )
+        attrs.update(self.attributes)
+        span = self._start_span(method, params, direction, attrs, now)
+        self.recorder.record_input(span, "proxy", method, params, self.session_key)
+        pending_key = (direction, key)
+        old = self.pending.pop(pending_key, None)
+        if old is not None:  # the same id reused before its answer: the first can no longer be paired
+            self._abandon(old, now, "duplicate_id")
+        elif len(self.pending) >= MAX_PENDING:
+            oldest = next(iter(self.pending))
+            self._abandon(self.pending.pop(oldest), now, "evicted")
+        self.pending[pending_key] = Pending(span, method, called_tool(method, params))
+
+    def _response(self, direction: str, message: dict[str, Any], now: int) -> None:
+        key = _id_key(message.get("id"))
+        request_direction = S2C if direction == C2S else C2S
+        pending = self.pending.pop((request_direction, key), None) if key is not None else None
+        if pending is None:
+            self.stats.count(direction, "unmatched")
+            return
+        self.stats.count(direction, "response")
+        rec = self.recorder
+        error = message.get("error")
+        if error is not None:
+            rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
+                              session_id=self.session_key)
+        else:
+            result = message.get("result")
+            rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
+                              session_id=self.session_key)
+            if pending.method == "initialize" and isinstance(result, Mapping):
+                version = result.get("protocolVersion")
+                if isinstance(version, str):
+                    self.protocol_version = version
+                    rec.set_attributes(pending.span, {A_PROTOCOL: version})
+        self._end_span(pending.span, now)
+
+    def close(self, now: int) -> None:
+        """The session is over: requests never answered end with an error; the budget closes."""
+        if self.closed:
+            return
+        self.closed = True
+        for pending in self.pending.values():
+            self._abandon(pending, now, "connection_closed")
+        self.pending.clear()
+        self.recorder.end_session("proxy", self.session_key)
+
+    def _abandon(self, pending: Pending, now: int, why: str) -> None:
+        span = pending.span
+        try:
+            if span is not None and span.is_recording():
+                span.set_attribute(A_ERROR_TYPE, why)
+                span.set_status(StatusCode.ERROR, why)
+        except Exception:
+            self.stats.faults += 1
+        self._end_span(span, now)
+
+    def _start_span(self, method: str, params: Any, direction: str, attrs: dict[str, Any], now: int) -> Span | None:
+        # A request the client sends: the proxy is its client toward the server (CLIENT), as the shim's client
+        # side is; a request the server sends (sampling, elicitation) is served on the client side (SERVER).
+        kind = SpanKind.CLIENT if direction == C2S else SpanKind.SERVER
+        try:
+            meta = params.get("_meta") if isinstance(params, Mapping) else None
+            parent = extract(meta) if isinstance(meta, Mapping) else None
+            # The recorder's tracer, with the time the bytes went through (not the time we got to them).
+            return self.recorder.tracer.start_span(
+                span_name(method, params), context=parent, kind=kind, attributes=attrs, start_time=now,
+                record_exception=False, set_status_on_exception=False,
+            )
+        except Exception:
+            self.stats.faults += 1
+            logger.debug("mcp_token_otel proxy: cannot start a span", exc_info=True)
+            return None
+
+    def _end_span(self, span: Span | None, now: int) -> None:
+        if span is None:
+            return
+        try:
+            span.end(end_time=now)
+        except Exception:
+            self.stats.faults += 1
+
+
+class Measurer:
+    """The off-path measuring side of one proxy: a bounded queue, its worker thread, the trackers' streams."""
+
+    def __init__(
+        self, recorder: TokenRecorder, stats: ProxyStats, *, max_queue_bytes: int | None = None,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
+        self.recorder = recorder
+        self.stats = stats
+        self.max_message = max_message
+        kwargs: dict[str, Any] = {"max_bytes": max_queue_bytes} if max_queue_bytes else {}
+        self.queue = MeasureQueue(self._handle, on_error=self._fault, **kwargs)
+        stats.queue = self.queue
+        self._lock = threading.Lock()
+
+    def _fault(self) -> None:
+        self.stats.faults += 1
+
+    def tracker(self, **kwargs: Any) -> Tracker:
+        return Tracker(self.recorder, self.stats, **kwargs)
+
+    def stream(self, tracker: Tracker, direction: str, framing: str) -> MessageStream:
+        return MessageStream(tracker, direction, framing, self.max_message)
+
+    def put(self, stream: MessageStream, chunk: bytes) -> None:
+        """After forwarding ``chunk``: hand it over (never blocks; a drop is counted)."""
+        if chunk:
+            self.queue.put(stream, chunk)
+
+    def finish(self, stream: MessageStream) -> None:
+        """The stream ended: measure what it still holds."""
+
+        def done(now: int) -> None:
+            for message in stream.finish():
+                stream.tracker.observe(stream.direction, message, now)
+
+        self.queue.control(done)
+
+    def close_tracker(self, tracker: Tracker) -> None:
+        self.queue.control(tracker.close)
+
+    def set_tracker(self, tracker: Tracker, **attrs: Any) -> None:
+        """Change a tracker's session key, id or protocol version, in order with the messages."""
+
+        def apply(_now: int) -> None:
+            for key, value in attrs.items():
+                setattr(tracker, key, value)
+
+        self.queue.control(apply)
+
+    def _handle(self, stream: MessageStream, chunk: bytes, now: int) -> None:
+        for message in stream.feed(chunk):
+            stream.tracker.observe(stream.direction, message, now)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.queue.close(timeout)
+        self.recorder.flush()

@@ -1,0 +1,210 @@
+"""The stdio proxy: the server runs as a child process; bytes are copied both ways as they arrive.
+
+Two relay threads copy raw chunks (``os.read``/``os.write``, no line limit, partial writes retried); each
+chunk is appended to the measuring queue (never blocks) and written on at once; parsing, pairing and
+estimating happen on the measuring thread. A blocked write blocks that relay's reads, so a
+slow consumer slows its producer (backpressure through the pipes) instead of growing a buffer. The child's
+stderr is inherited. Shutdown follows the MCP stdio transport: EOF on our stdin closes the child's stdin;
+then SIGTERM, then SIGKILL if it does not exit; SIGINT/SIGTERM received are forwarded to the child; the
+proxy exits with the child's exit status (128 + N when killed by signal N).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C
+from .telemetry import StartupError
+
+logger = logging.getLogger("mcp_token_otel.proxy")
+
+CHUNK = 64 * 1024  # below malloc's mmap threshold: cheap for small messages, fine for 100 MB ones
+#: Seconds the child gets to exit after its stdin closed, then after SIGTERM (the SDK's stdio client uses 2).
+EXIT_GRACE = 2.0
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec (Linux): SIGTERM when the proxy dies, even by SIGKILL, so no server is orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)  # a pipe may take part of a large write
+        view = view[written:]
+
+
+class StdioProxy:
+    def __init__(
+        self, command: Sequence[str], telemetry: Any, *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
+        exit_grace: float = EXIT_GRACE,
+    ) -> None:
+        self.command = list(command)
+        self.telemetry = telemetry
+        self.name = name
+        self.stdin_fd = stdin_fd
+        self.stdout_fd = stdout_fd
+        self.exit_grace = exit_grace
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        try:
+            self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        except FileNotFoundError:
+            raise StartupError(f"command not found: {self.command[0]}") from None
+        except PermissionError:
+            raise StartupError(f"command not executable: {self.command[0]}") from None
+        except OSError as exc:
+            raise StartupError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from None
+
+    def run(self) -> int:
+        """Relay until the child exits; its exit status (128 + N for a signal)."""
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        measurer = self.telemetry.measurer
+        tracker = measurer.tracker(
+            session_key=uuid.uuid4().hex, transport="pipe",
+            attributes={"server.address": self.name, A_SERVER_NAME: self.name},
+        )
+        up = measurer.stream(tracker, C2S, LINES)
+        down = measurer.stream(tracker, S2C, LINES)
+        child_in, child_out = proc.stdin.fileno(), proc.stdout.fileno()
+        t_up = threading.Thread(
+            target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended),
+            name="proxy-client-to-server", daemon=True,
+        )
+        t_down = threading.Thread(
+            target=self._pump, args=(child_out, self.stdout_fd, down, "server", self._server_ended),
+            name="proxy-server-to-client", daemon=True,
+        )
+        previous = self._forward_signals()
+        try:
+            t_up.start()
+            t_down.start()
+            code = proc.wait()
+        finally:
+            self._restore_signals(previous)
+        t_down.join(self.exit_grace)  # what the child wrote before exiting still goes out
+        measurer.close_tracker(tracker)
+        if code < 0:
+            logger.info("mcp-token-otel proxy: %s killed by signal %d", self.name, -code)
+            return 128 - code
+        if code != 0:
+            logger.info("mcp-token-otel proxy: %s exited with status %d", self.name, code)
+        return code
+
+    def _pump(self, src: int, dst: int, stream: Any, reader: str, ended: Callable[[str], None]) -> None:
+        measurer = self.telemetry.measurer
+        why = "eof"
+        try:
+            while True:
+                try:
+                    chunk = os.read(src, CHUNK)
+                except OSError as exc:
+                    why = f"read error: {exc.strerror}"
+                    break
+                if not chunk:
+                    break
+                # Handed over (a non-blocking append) just before it is written: a response can then never
+                # reach the queue ahead of the request it answers, which the other relay thread carried.
+                measurer.put(stream, chunk)
+                try:
+                    _write_all(dst, chunk)
+                except OSError as exc:
+                    why = "peer closed" if exc.errno in (errno.EPIPE, errno.EBADF) else f"write error: {exc.strerror}"
+                    break
+        finally:
+            measurer.finish(stream)
+            ended(why)
+
+    def _client_ended(self, why: str) -> None:
+        """Our stdin reached EOF (or the child's stdin broke): pass the EOF on, then make sure the child goes."""
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None
+        logger.debug("mcp-token-otel proxy: client side ended (%s)", why)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        self._reap_later()
+
+    def _server_ended(self, why: str) -> None:
+        """The child's stdout ended (it exits or crashed) or our stdout broke (the client is gone)."""
+        logger.debug("mcp-token-otel proxy: server side ended (%s)", why)
+        if why != "eof":  # the client cannot hear the server any more: stop the server
+            proc = self.proc
+            assert proc is not None and proc.stdin is not None
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            self._reap_later()
+        else:
+            with contextlib.suppress(OSError):
+                os.close(self.stdout_fd)  # the client sees EOF as it would from the server itself
+
+    def _reap_later(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        threading.Thread(target=self._escalate, name="proxy-reaper", daemon=True).start()
+
+    def _escalate(self) -> None:
+        proc = self.proc
+        assert proc is not None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            deadline = time.monotonic() + self.exit_grace
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    return
+                time.sleep(0.02)
+            logger.info("mcp-token-otel proxy: %s did not exit; sending %s", self.name, sig.name)
+            with contextlib.suppress(OSError):
+                proc.send_signal(sig)
+
+    def _forward_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return previous
+
+        def forward(signum: int, _frame: Any) -> None:
+            proc = self.proc
+            if proc is not None and proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.send_signal(signum)
+            self._reap_later()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, forward)
+        return previous
+
+    @staticmethod
+    def _restore_signals(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            with contextlib.suppress(Exception):
+                signal.signal(sig, handler)
+
+
+def default_name(command: Sequence[str]) -> str:
+    """The server's name when ``--name`` is not given: the command's basename (``npx``: its package)."""
+    base = os.path.basename(command[0]) if command else "server"
+    if base in ("npx", "uvx", "pipx", "bunx", "node", "python", "python3", "deno", "bun") and len(command) > 1:
+        for arg in command[1:]:
+            if not arg.startswith("-"):
+                return os.path.basename(arg.rstrip("/")) or base
+    return base

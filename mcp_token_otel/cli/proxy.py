@@ -1,0 +1,119 @@
+"""``mcp-token-otel proxy``: measure any MCP server with no code change (stdio child or streamable-HTTP upstream).
+
+    mcp-token-otel proxy [--name NAME] [--metrics-port PORT] -- COMMAND [ARGS...]
+    mcp-token-otel proxy --listen 127.0.0.1:PORT --upstream URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from ..config import Config
+from ..core.measure import Policy
+
+PREFIX = "mcp-token-otel proxy"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "proxy",
+        help="transparent proxy that measures any MCP server (stdio: -- COMMAND; HTTP: --listen --upstream)",
+        description="Relay MCP traffic unchanged and measure every message (spans, metrics, budgets).",
+    )
+    p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
+                                  "or the upstream host)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address for /metrics (default: prometheus.host, 127.0.0.1)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
+    p.add_argument("--upstream", metavar="URL", help="HTTP mode: the streamable-HTTP MCP endpoint URL to forward to")
+    p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
+                   help="proxy log level on stderr (default warning)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                   help="stdio mode: the server command")
+    p.set_defaults(func=run, estimator=None)
+
+
+def _fail(message: str) -> int:
+    print(f"{PREFIX}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
+    from ..adapters.proxy.telemetry import StartupError
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(message)s")
+    # The relay threads (stdio: two copiers and the queue's writer) hand the GIL over every 200 us when they
+    # compete, not every 5 ms (which would be added to a chunk that arrives meanwhile).
+    sys.setswitchinterval(0.0002)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    http_mode = args.listen is not None or args.upstream is not None
+    if http_mode and command:
+        return _fail("give either -- COMMAND (stdio) or --listen/--upstream (HTTP), not both")
+    if http_mode and not (args.listen and args.upstream):
+        return _fail("HTTP mode needs both --listen HOST:PORT and --upstream URL")
+    if not http_mode and not command:
+        return _fail("nothing to proxy: give -- COMMAND [ARGS...] or --listen HOST:PORT --upstream URL")
+    try:
+        if http_mode:
+            return _run_http(args, config)
+        return _run_stdio(args, config, command)
+    except StartupError as exc:
+        return _fail(str(exc))
+
+
+def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> int:
+    from ..adapters.proxy.stdio import StdioProxy, default_name
+
+    name = args.name or default_name(command)
+    _check_metrics_port(args, config)
+    proxy = StdioProxy(command, None, name=name)
+    proxy.start()  # the server boots while the measuring process starts
+    try:
+        telemetry = _telemetry(args, config, name)
+    except BaseException:
+        assert proxy.proc is not None
+        proxy.proc.kill()
+        proxy.proc.wait()
+        raise
+    proxy.telemetry = telemetry
+    try:
+        return proxy.run()
+    finally:
+        telemetry.close()
+
+
+def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
+    """One clear line now if /metrics cannot be served (rather than from the measuring process later)."""
+    from ..adapters.proxy.telemetry import check_port_free
+
+    if args.metrics_port is not None or config.prometheus.enabled:
+        port = config.prometheus.port if args.metrics_port is None else args.metrics_port
+        check_port_free(args.metrics_host or config.prometheus.host, port, "/metrics")
+
+
+def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
+    """The measuring side, in its own process (its CPU time never holds the relay's GIL)."""
+    from ..adapters.proxy.measure_process import RemoteTelemetry
+
+    return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
+
+
+def _run_http(args: argparse.Namespace, config: Config) -> int:
+    from ..adapters.proxy.http import HttpProxy, parse_listen
+
+    host, port = parse_listen(args.listen)
+    proxy = HttpProxy(args.upstream, host, port, name=args.name)
+    proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
+    _check_metrics_port(args, config)
+    telemetry = _telemetry(args, config, proxy.name)
+    try:
+        return proxy.run(telemetry)
+    finally:
+        telemetry.close()
