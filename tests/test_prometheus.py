@@ -95,13 +95,20 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     status, ctype, body = scrape(server.url)
     assert status == 200 and ctype.startswith("text/plain")
     found = samples(body)
-    assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output",
-                 risk_tier="critical") == 2
+    assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output") == 2
+    assert value(found, "mcp_token_responses_total", side="server", tool="dump", risk_tier="critical") == 2
+    assert not any("risk_tier" in lbl for lbl, _ in found["mcp_token_message_tokens_count"])  # derivable
+    # _created series only when asked (prometheus.created_series)
+    assert not any(name.endswith("_created") for name in found)
     assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 1
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
     assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
     assert value(found, "mcp_token_overhead_ratio_count", side="server", method="tools/call") == 3
-    assert value(found, "mcp_token_message_tokens_count", side="client", risk_tier="low", tool="ping") == 1
+    assert value(found, "mcp_token_responses_total", side="client", risk_tier="low", tool="ping") == 1
+    assert value(found, "mcp_token_risk_breaches_total", side="client", tool="ping", risk_tier="high") == 0
+    # tokens_total is the histogram's sum
+    assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") == value(
+        found, "mcp_token_message_tokens_sum", side="server", tool="dump", direction="output")
     assert value(found, "mcp_token_session_transitions_total", side="server", state="warning") == 1
     assert value(found, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
     assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 1
@@ -137,6 +144,16 @@ def test_tool_names_overflow_and_are_sanitised() -> None:
     assert tools == {"tool0", "tool1", "tool2", "_other"}
     assert label_value("bad\ud800name\n" + "x" * 500) == "bad?name_" + "x" * 119
     assert label_value(None) == "" and len(label_value("y" * 1000)) == 128
+
+
+def test_created_series_only_when_asked() -> None:
+    recorder = TokenRecorder(config_from_dict({}), TracerProvider(), MeterProvider())
+    sink = PrometheusMetrics(states=recorder.states, created_series=True)
+    recorder.add_sink(sink)
+    recorder.record_output(None, "server", "tools/call", "t", result=SMALL)
+    found = samples(_body(sink))
+    assert value(found, "mcp_token_message_tokens_created", tool="t") > 1_700_000_000
+    assert value(found, "mcp_token_tokens_created", tool="t") > 1_700_000_000
 
 
 def _body(sink: PrometheusMetrics) -> str:

@@ -47,6 +47,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
         states=recorder.states,
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
+        created_series=config.created_series,
     )
     recorder.add_sink(metrics)
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
