@@ -62,6 +62,7 @@ class OtelMetricsSink:
         lock = threading.Lock()
         self._token_sums = CountFamily(lock, _no_labels)
         self._breach_counts = CountFamily(lock, _no_labels)
+        self._response_counts = CountFamily(lock, _no_labels)
         self._transition_counts = CountFamily(lock, _no_labels)
         self._error_counts = CountFamily(lock, _no_labels)
         self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
@@ -111,6 +112,12 @@ class OtelMetricsSink:
             callbacks=[self._observe_budgets],
             unit="{token}/s",
             description="Configured sustained output-token budget (for alerting).",
+        )
+        meter.create_observable_counter(
+            "mcp_token.responses",
+            callbacks=[self._observer(self._response_counts)],
+            unit="{message}",
+            description="Responses per risk tier.",
         )
         meter.create_observable_counter(
             "mcp_token.risk.breaches",
@@ -181,6 +188,8 @@ class OtelMetricsSink:
         self._token_sums.add(tuple(attrs.items()), measurement.total_tokens)
         if direction == "output":
             self._overhead.record(measurement.overhead_ratio, attrs)
+            tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier))
+            self._response_counts.add(tier + (((A_TOOL, tool),) if tool is not None else ()))
 
     def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
         attrs = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, tier))
