@@ -30,8 +30,8 @@ Estimator = Callable[[str], int]
 
 #: Strings longer than this are estimated separately instead of being copied into the skeleton.
 INLINE_LIMIT = 256
-#: Upper bound on visited nodes; the rest of a larger value is skipped with a reason.
-MAX_NODES = 100_000
+#: Nodes the walker visits; a larger value is sized from its JSON (faster at that size; the walk wasted is bounded).
+MAX_NODES = 20_000
 #: Strings up to this length have their estimate cached: skeletons such as '{"type":"text"}' and tool
 #: names recur on every message, and a dict hit is ten times cheaper than estimating again.
 SHORT_CACHE_CHARS = 64
