@@ -102,6 +102,7 @@ class TokenMiddleware:
         rec = shim.recorder
         method, params = ctx.method, ctx.params
         span, own, session_key = None, None, None
+        extra: dict[str, Any] = {}
         try:
             session_id, session_key = shim.server_session(ctx)
             if ctx.request_id is None:
@@ -119,17 +120,16 @@ class TokenMiddleware:
                     context=parent,
                 )
             transport = "tcp" if ctx.request is not None else _SERVER_TRANSPORT.get()
-            extra: dict[str, Any] = {}
             if session_id:
                 extra[A_SESSION_ID] = session_id
             if transport:
                 extra[A_TRANSPORT] = transport
             if ctx.protocol_version and own is not None:
                 extra["mcp.protocol.version"] = ctx.protocol_version
-            rec.set_attributes(span, extra)
         except Exception:
             rec._fault("span")
-        rec.record_input(span, "server", method, params, session_key)
+        # One set_attributes for the request side: the adapter's attributes ride with the estimate.
+        rec.record_input(span, "server", method, params, session_key, attributes=extra)
         tool = called_tool(method, params)
         token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
         try:
