@@ -137,3 +137,9 @@ def test_values_that_convert_to_themselves_cannot_loop() -> None:
 
     size = size_value({"q": SelfStr("abc"), "m": SelfDump(), "n": [SelfStr("x")] * 3}, chars4)
     assert size.bytes == len('{"q":"abc","m":"self-dump","n":["x","x","x"]}') and size.reason is None
+
+
+def test_nested_small_dicts_take_the_fast_path_and_match_compact_json() -> None:
+    value = {"io.modelcontextprotocol/serverInfo": {"name": "bench", "version": ""}, "n": 1}
+    size = size_value(value, chars4)
+    assert size.bytes == len(json.dumps(value, separators=(",", ":"))) and size.reason is None

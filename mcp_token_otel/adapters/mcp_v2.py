@@ -70,7 +70,9 @@ def _error_data(exc: Exception) -> Any:
 
 
 def _transport_kind(ctx: Any) -> str | None:
-    transport = getattr(getattr(ctx.session, "_request_outbound", None), "transport", None)
+    outbound = getattr(ctx.session, "_request_outbound", None)
+    # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
+    transport = getattr(getattr(outbound, "_inner", outbound), "transport", None)
     return getattr(transport, "kind", None)
 
 

@@ -203,14 +203,20 @@ class _TooLarge(Exception):
 _SEQUENCES = (list, tuple, set, frozenset)
 
 
-def _flat_skeleton(mapping: dict[Any, Any]) -> str | None:
-    """The compact JSON of a small dict of short scalars (most framing and _meta), or None."""
+def _flat_skeleton(mapping: dict[Any, Any], depth: int = 0) -> str | None:
+    """The compact JSON of a small dict of short scalars, or of such dicts one level down (most framing and
+    _meta, e.g. the 2026 protocol's serverInfo envelope), or None."""
     parts = []
     for key, val in mapping.items():
         kind = type(val)
         if type(key) is not str:
             return None
-        if kind is str and len(val) <= INLINE_LIMIT:
+        if kind is dict and depth == 0 and len(val) <= 8:
+            inner = _flat_skeleton(val, 1)
+            if inner is None:
+                return None
+            parts.append(f'"{key}":{inner}')
+        elif kind is str and len(val) <= INLINE_LIMIT:
             parts.append(f'"{key}":"{val}"')
         elif kind is bool:
             parts.append(f'"{key}":true' if val else f'"{key}":false')
