@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import statistics
 import subprocess
@@ -226,6 +227,7 @@ def main() -> None:
     parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=2048, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    logging.disable(logging.INFO)  # the SDK and httpx log every request at INFO
     if args.serve:
         serve(args.serve, args.shim, args.size)
         return

@@ -34,7 +34,7 @@ INLINE_LIMIT = 256
 MAX_NODES = 20_000
 #: Strings up to this length have their estimate cached: skeletons such as '{"type":"text"}' and tool
 #: names recur on every message, and a dict hit is ten times cheaper than estimating again.
-SHORT_CACHE_CHARS = 64
+SHORT_CACHE_CHARS = 256
 _SHORT_CACHE_MAX = 4096
 _short_cache: dict[tuple[Estimator, str], int] = {}
 #: bytes values above this are sized from a base64 sample of their head.
