@@ -62,17 +62,20 @@ def main() -> None:
     args = parser.parse_args()
     sink = populate(args.tools, args.created)
     body = generate_latest(sink.registry)
-    times = []
-    for _ in range(args.scrapes):
-        start = time.perf_counter()
-        generate_latest(sink.registry)
-        times.append((time.perf_counter() - start) * 1000)
-    times.sort()
-    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    timings: dict[str, list[float]] = {"generate_latest": [], "exposition": []}
+    for _ in range(args.scrapes):  # the two renderers interleaved
+        for label, render in (("generate_latest", lambda: generate_latest(sink.registry)),
+                              ("exposition", sink.exposition)):
+            start = time.perf_counter()
+            render()
+            timings[label].append((time.perf_counter() - start) * 1000)
     print(f"tools={args.tools} created_series={args.created}")
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,}")
-    print(f"scrape ms: median {statistics.median(times):.1f}, mean {statistics.fmean(times):.1f}, p99 {p99:.1f}")
+    for label, times in timings.items():
+        times.sort()
+        p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+        print(f"{label} ms: median {statistics.median(times):.1f}, mean {statistics.fmean(times):.1f}, p99 {p99:.1f}")
 
 
 if __name__ == "__main__":

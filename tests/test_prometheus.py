@@ -338,3 +338,19 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
         uninstrument()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=5)
+
+
+def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
+    from prometheus_client import generate_latest
+
+    recorder, sink = make_recorder()
+    drive(recorder)
+    recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=SMALL)
+    recorder.end_session("server", "sess-secret-1234")
+
+    def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return {(s.name, tuple(sorted(s.labels.items())), s.value)
+                for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+    fast, reference = sink.exposition(), generate_latest(sink.registry)
+    assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50

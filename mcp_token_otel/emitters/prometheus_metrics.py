@@ -64,6 +64,14 @@ def label_value(value: str | None) -> str:
     return _CONTROL.sub("_", text)[:MAX_LABEL_CHARS]
 
 
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
 def multiprocess_mode() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
@@ -229,10 +237,13 @@ class PrometheusMetrics:
         self._multiprocess = multiprocess_mode()
         self._states = states
         self.rate_budgets = {"tool": tool_output_rate_budget, "service": service_output_rate_budget}
+        self._created = created_series
         if self._multiprocess:
             self._files: _SharedFileFamilies | None = _SharedFileFamilies(self.registry, states, self.rate_budgets)
             return
         self._files = None
+        self._created = created_series
+        self._rendered: dict[tuple[str, ...], str] = {}
         lock = threading.Lock()
         self._tokens = HistFamily(TOKEN_BUCKETS, lock, _message_labels)
         self._overhead = HistFamily(RATIO_BUCKETS, lock, _tool_labels)
@@ -250,6 +261,44 @@ class PrometheusMetrics:
         for side in ("client", "server"):
             for state in ("warning", "exhausted"):
                 self._transitions.touch((side, state))
+
+    def exposition(self) -> bytes:
+        """The registry's Prometheus text exposition (format 0.0.4), rendered here several times faster than
+        ``generate_latest``: label strings are built once per series, not validated and escaped per line.
+        Same families, series and values (a test compares both). Exemplars need OpenMetrics: serve
+        ``generate_latest``/the OpenMetrics encoder when the scraper asks for it."""
+        if self._files is not None or self._created:  # the client's own layout for these (_created families)
+            from prometheus_client import generate_latest
+
+            return generate_latest(self.registry)
+        out: list[str] = []
+        for metric in self.registry.collect():
+            name = metric.name
+            # As generate_latest writes them: the text format names a counter family with its _total.
+            family = f"{name}_total" if metric.type == "counter" else name
+            kind = metric.type if metric.type in ("counter", "gauge", "histogram", "summary") else "untyped"
+            out.append(f"# HELP {family} {_escape_help(metric.documentation)}\n# TYPE {family} {kind}\n")
+            cache = self._rendered
+            for sample in metric.samples:
+                labels = sample.labels
+                if labels:
+                    le = labels.get("le")
+                    if le is None:
+                        key = (name, *labels.values())
+                    else:
+                        key = (name, *(v for k, v in labels.items() if k != "le"))
+                    text = cache.get(key)
+                    if text is None:
+                        text = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels.items() if k != "le")
+                        if len(cache) >= _MAX_CACHED_SERIES * 4:
+                            cache.clear()
+                        cache[key] = text
+                    if le is not None:
+                        text = f'{text},le="{le}"' if text else f'le="{le}"'
+                    out.append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+                else:
+                    out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+        return "".join(out).encode("utf-8")
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
