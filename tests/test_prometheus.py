@@ -113,8 +113,8 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     assert value(found, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
     assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 1
     assert value(found, "mcp_token_sessions", side="server", state="ok") == 1
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 42
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="service") == 420
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool") == 42
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="service") == 420
     assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate") == 0
     # the session ended: its utilization is observed once, and it is no longer live
     recorder.end_session("server", "sess-secret-1234")
@@ -185,7 +185,7 @@ def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
         assert scrape(server.url)[0] == 401
         assert scrape(server.url, auth=("prom", "wrong"))[0] == 401
         status, _, body = scrape(server.url, auth=("prom", "s3cret"))
-        assert status == 200 and "mcp_token_output_rate_budget_per_second" in body
+        assert status == 200 and "mcp_token_output_rate_budget_tokens_per_second" in body
     finally:
         server.close()
 
@@ -207,7 +207,7 @@ def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
     assert anyio.run(call, [])[0] == 401
     good = [(b"authorization", b"Basic " + base64.b64encode(b"prom:s3cret"))]
     status, body = anyio.run(call, good)
-    assert status == 200 and b"mcp_token_output_rate_budget_per_second" in body
+    assert status == 200 and b"mcp_token_output_rate_budget_tokens_per_second" in body
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
@@ -290,7 +290,7 @@ def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
     assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
     assert value(found, "mcp_token_tokens_total", tool="t") >= 7
     assert value(found, "mcp_token_sessions", state="ok") == 2  # one live session per worker, summed
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 100
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool") == 100
     # once the workers are marked dead, their sessions no longer count as live; counters stay
     found = read(*pids)
     assert value(found, "mcp_token_sessions", state="ok") == 0

@@ -10,7 +10,7 @@ Families (prefix ``mcp_token_``; documented in README):
     sessions                         gauge      side, state                   (live sessions per state)
     session_transitions_total        counter    side, state                   (warning, exhausted)
     instrumentation_errors_total     counter    stage
-    output_rate_budget_per_second    gauge      scope (tool, service)         (configured, for alerting)
+    output_rate_budget_tokens_per_second  gauge      scope (tool, service)         (configured, for alerting)
 
 Cardinality: no session id ever; tool and method values arrive bounded by the recorder's limiters and are
 sanitised here (length, control characters, invalid UTF-8). A risk tier is derivable from the token value,
@@ -211,7 +211,7 @@ class _AggregateCollector(Collector):
         yield self._counter(
             f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(("stage",), sink._errors)
         )
-        budget = GaugeMetricFamily(f"{PREFIX}_output_rate_budget_per_second", _HELP["budget"], labels=["scope"])
+        budget = GaugeMetricFamily(f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope"])
         for scope, value in sink.rate_budgets.items():
             budget.add_metric([scope], value)
         yield budget
@@ -367,7 +367,8 @@ class _SharedFileFamilies:
         self.transitions = Counter(f"{PREFIX}_session_transitions", _HELP["transitions"], ["side", "state"], registry=r)
         self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], ["stage"], registry=r)
         budget = Gauge(
-            f"{PREFIX}_output_rate_budget_per_second", _HELP["budget"], ["scope"], registry=r, multiprocess_mode="max"
+            f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], ["scope"], registry=r,
+            multiprocess_mode="max",
         )
         for scope, value in rate_budgets.items():
             budget.labels(scope).set(value)
