@@ -96,3 +96,26 @@ def test_faults_do_not_change_results(otel: Otel, mode: str, fault: str) -> None
         assert recorder.error_counts["metrics"] >= 2 * N  # visible in-process: the meter itself is broken
     elif fault == "sink":
         assert errors["metrics"] >= 2 * N  # the healthy OTel sink counts the broken sink's faults
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_failing_result_conversion_never_breaks_the_call(
+    otel: Otel, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Converting the handler's result for measurement is inside the never-break boundary (server side)."""
+    import mcp_token_otel.adapters.mcp_v2 as v2
+
+    expected = calls(mode)
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert recorder is not None
+
+    def broken(model: Any) -> Any:
+        raise RuntimeError("cannot convert")
+
+    monkeypatch.setattr(v2, "wire_dict", broken)
+    try:
+        got = calls(mode)
+    finally:
+        uninstrument()
+    assert got == expected
+    assert recorder.error_counts["estimate"] >= N - N // 7  # every successful server-side result
