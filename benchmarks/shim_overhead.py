@@ -1,37 +1,47 @@
-"""Per-call latency of ``tools/call`` with and without mcp_token_otel, in the same process.
+"""Per-call cost of mcp_token_otel on the server side, against SDK tracing alone, in the same run.
 
-In-process ``Client(server)`` (mode auto = direct dispatcher, legacy = JSON-RPC over memory streams), a
-tool returning a 2 KB or 200 KB text. A global SDK TracerProvider (BatchSpanProcessor to a discarding
-exporter) and MeterProvider are installed for both arms, so the baseline pays for the SDK's own spans
-too. Blocks of calls alternate between the arms; the table reports the median and p95 per call and the
-added time at the median.
+Arms, interleaved in time-based blocks (long enough to include every background metric flush):
+    sdk   a global SDK TracerProvider (BatchSpanProcessor to a discarding exporter) and MeterProvider
+          (periodic reader every 0.5 s), no shim: what an application with OpenTelemetry already pays;
+    shim  the same providers plus instrument() (defaults: OTel metrics deferred, no /metrics server), or
+    both  with ``--prometheus``, the Prometheus sink as well (no server; the families are fed).
 
-    python benchmarks/shim_overhead.py [--blocks 20] [--calls 50] [--sides both,server,client] [--markdown]
+In-process cells: ``Client(server)`` in mode auto (direct dispatcher) or legacy (JSON-RPC over memory
+streams), a tool returning 2 KB or 200 KB of text, the shim on the server side only (the client session's
+proxy is unwrapped). Per call: median, mean and p99 latency; the shim arm's mean includes the time
+uninstrument() spends replaying what was still queued at the end of each block.
 
-``--sides``: both ends instrumented in this one process (every call is measured twice), or only the server
-(the client session's proxy is unwrapped) or only the client (the server's middleware is removed), which is
-what a process that is either an MCP server or an MCP client pays.
+Streamable HTTP cell (``--http``): two server subprocesses (uvicorn), one with the shim; the client
+alternates blocks between them; the figure is the server process's CPU time (user + system, from
+/proc) per call.
+
+    python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import itertools
-import pstats
+import gc
+import logging
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-from mcp_token_otel.config import Config
-from mcp_token_otel.instrumentation import instrument, uninstrument
 
 SIZES = {"2 KB": 2 * 1024, "200 KB": 200 * 1024}
 
@@ -41,14 +51,33 @@ class Discard(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+class DiscardMetrics(MetricExporter):
+    def __init__(self) -> None:
+        super().__init__(preferred_temporality={}, preferred_aggregation={})
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        return None
+
+
 def setup_otel() -> None:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
     trace.set_tracer_provider(provider)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    reader = PeriodicExportingMetricReader(DiscardMetrics(), export_interval_millis=500)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
-def make_server(payload: str):  # type: ignore[no-untyped-def]
+def payload_of(size: int) -> str:
+    return ("lorem ipsum dolor sit amet, " * (size // 28 + 1))[:size]
+
+
+def make_server(payload: str) -> Any:
     from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("bench")
@@ -60,102 +89,175 @@ def make_server(payload: str):  # type: ignore[no-untyped-def]
     return server
 
 
-async def block(mode: str, payload: str, calls: int, sides: str = "both") -> list[float]:
+async def timed_block(mode: str, payload: str, seconds: float) -> list[float]:
     from mcp import Client
 
-    from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy, V2Shim
+    from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy
 
-    times = []
-    server = make_server(payload)
-    if sides == "client":
-        V2Shim.remove_middleware(server)
-    async with Client(server, mode=mode) as client:
+    times: list[float] = []
+    async with Client(make_server(payload), mode=mode) as client:
         dispatcher = client.session._dispatcher
-        if sides == "server" and isinstance(dispatcher, DispatcherProxy):
+        if isinstance(dispatcher, DispatcherProxy):  # server side only
             client.session._dispatcher = dispatcher._inner
         await client.call_tool("fetch", {})  # warm-up (and the SDK's implicit tools/list)
-        for _ in range(calls):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
             start = time.perf_counter_ns()
             await client.call_tool("fetch", {})
             times.append((time.perf_counter_ns() - start) / 1000)
     return times
 
 
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[-1]
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def measure(
-    config: Config, mode: str, size: int, blocks: int, calls: int, sides: str = "both"
-) -> dict[str, list[float]]:
-    payload = "lorem ipsum dolor sit amet, " * (size // 28 + 1)
-    payload = payload[:size]
-    arms: dict[str, list[float]] = {"base": [], "shim": []}
-    for i in range(blocks):
-        order = ("base", "shim") if i % 2 == 0 else ("shim", "base")
-        for arm in order:
+def run_cell(config: Any, mode: str, size: int, seconds: float, rounds: int, prometheus: bool) -> dict[str, Any]:
+    from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+    from mcp_token_otel.instrumentation import instrument, uninstrument
+
+    payload = payload_of(size)
+    arms: dict[str, list[float]] = {"sdk": [], "shim": []}
+    tail_us = 0.0  # replay left at the end of the shim blocks, charged to the shim arm's mean
+    for i in range(rounds):
+        for arm in ("sdk", "shim") if i % 2 == 0 else ("shim", "sdk"):
+            gc.collect()
             if arm == "shim":
-                instrument(config)
+                recorder = instrument(config)
+                if prometheus and recorder is not None:
+                    recorder.add_sink(PrometheusMetrics(states=recorder.states))
             try:
-                arms[arm].extend(anyio.run(block, mode, payload, calls, sides))
+                arms[arm].extend(anyio.run(timed_block, mode, payload, seconds))
             finally:
+                start = time.perf_counter_ns()
                 uninstrument()
-    return arms
+                if arm == "shim":
+                    tail_us += (time.perf_counter_ns() - start) / 1000
+    base, shim = arms["sdk"], arms["shim"]
+    return {
+        "calls": (len(base), len(shim)),
+        "base": (statistics.median(base), statistics.fmean(base), p99(base)),
+        "shim": (statistics.median(shim), (sum(shim) + tail_us) / len(shim), p99(shim)),
+    }
+
+
+# ---------------------------------------------------------------------- streamable HTTP, server CPU
+
+
+def serve(port: int, shim: bool, size: int) -> None:
+    """Child process: an MCPServer over streamable HTTP (stateful), with or without the shim."""
+    import uvicorn
+
+    setup_otel()
+    if shim:
+        from mcp_token_otel.instrumentation import instrument
+
+        instrument()
+    app = make_server(payload_of(size)).streamable_http_app()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def http_block(url: str, seconds: float) -> int:
+    from mcp import Client
+
+    async with Client(url, mode="legacy") as client:
+        await client.call_tool("fetch", {})
+        end, calls = time.perf_counter() + seconds, 0
+        while time.perf_counter() < end:
+            await client.call_tool("fetch", {})
+            calls += 1
+    return calls
+
+
+def run_http(size: int, seconds: float, rounds: int) -> dict[str, float]:
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    procs: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    for arm in ("sdk", "shim"):
+        port = free_port()
+        cmd = [sys.executable, __file__, "--serve", str(port), "--size", str(size)]
+        cmd += ["--shim"] if arm == "shim" else []
+        procs[arm] = (subprocess.Popen(cmd), f"http://127.0.0.1:{port}/mcp")
+    try:
+        for _, url in procs.values():  # wait until both answer (bounded)
+            for _ in range(200):
+                try:
+                    anyio.run(http_block, url, 0.0)
+                    break
+                except Exception:
+                    time.sleep(0.05)
+        cpu = {"sdk": 0.0, "shim": 0.0}
+        calls = {"sdk": 0, "shim": 0}
+        for i in range(rounds):
+            for arm in ("sdk", "shim") if i % 2 == 0 else ("shim", "sdk"):
+                proc, url = procs[arm]
+                before = cpu_seconds(proc.pid)
+                calls[arm] += anyio.run(http_block, url, seconds)
+                time.sleep(0.6)  # the server's background flush of this block lands in this block
+                cpu[arm] += cpu_seconds(proc.pid) - before
+        return {arm: cpu[arm] / calls[arm] * 1e6 for arm in cpu}
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=20)
-    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=2.0, help="length of one timed block")
+    parser.add_argument("--rounds", type=int, default=10, help="blocks per arm and cell")
     parser.add_argument("--modes", default="auto,legacy")
-    parser.add_argument("--sides", default="both,server,client")
-    parser.add_argument("--estimator", default="default", help="estimator name")
+    parser.add_argument("--sizes", default="2 KB,200 KB")
+    parser.add_argument("--prometheus", action="store_true", help="feed the Prometheus sink too")
+    parser.add_argument("--http", action="store_true", help="also the streamable HTTP server-CPU cell")
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--profile", action="store_true", help="cProfile the instrumented 2 KB auto case")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, default=2048, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    setup_otel()
-    config = Config(estimator=args.estimator)
-    if args.profile:
-        instrument(config)
-        payload = "x" * SIZES["2 KB"]
-        cProfile.runctx("anyio.run(block, 'auto', payload, 2000)", globals(), locals(), "/tmp/shim.prof")
-        uninstrument()
-        pstats.Stats("/tmp/shim.prof").sort_stats("cumulative").print_stats(30)
+    logging.disable(logging.INFO)  # the SDK and httpx log every request at INFO
+    if args.serve:
+        serve(args.serve, args.shim, args.size)
         return
+    from mcp_token_otel.config import config_from_dict
+
+    setup_otel()
+    config = config_from_dict({"prometheus": {"enabled": False}})
+    header = ("mode", "result", "sdk med µs", "shim med µs", "added med", "sdk mean", "shim mean", "added mean",
+              "sdk p99", "shim p99", "p99 ratio", "calls/arm")
     rows = []
-    cells = itertools.product(args.sides.split(","), args.modes.split(","), SIZES.items())
-    for sides, mode, (label, size) in cells:
-        arms = measure(config, mode, size, args.blocks, args.calls, sides)
-        base, shim = arms["base"], arms["shim"]
-        b_med, s_med = statistics.median(base), statistics.median(shim)
-        rows.append(
-            (
-                sides,
-                mode,
-                label,
-                f"{b_med:.0f}",
-                f"{p95(base):.0f}",
-                f"{s_med:.0f}",
-                f"{p95(shim):.0f}",
-                f"{s_med - b_med:+.0f}",
-                f"{(s_med / b_med - 1) * 100:+.1f}%",
-            )
-        )
-    header = (
-        "instrumented", "mode", "result", "base med µs", "base p95", "shim med µs", "shim p95", "added µs", "added"
-    )
+    for mode in args.modes.split(","):
+        for label in args.sizes.split(","):
+            r = run_cell(config, mode, SIZES[label], args.seconds, args.rounds, args.prometheus)
+            (bm, ba, bp), (sm, sa, sp) = r["base"], r["shim"]
+            rows.append((mode, label, f"{bm:.0f}", f"{sm:.0f}", f"{(sm / bm - 1) * 100:+.1f}%", f"{ba:.0f}",
+                         f"{sa:.0f}", f"{(sa / ba - 1) * 100:+.1f}%", f"{bp:.0f}", f"{sp:.0f}", f"{sp / bp:.2f}x",
+                         f"{min(r['calls']):,}"))
+            print(" ".join(rows[-1]), flush=True)
     if args.markdown:
-        print("| " + " | ".join(header) + " |")
+        print("\n| " + " | ".join(header) + " |")
         print("|" + "|".join("---" for _ in header) + "|")
         for row in rows:
             print("| " + " | ".join(row) + " |")
-    else:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        print("  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)))
-        for row in rows:
-            print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
-    n = args.blocks * args.calls
-    print(f"\n{n} calls per arm and cell, {args.blocks} interleaved blocks; estimator {args.estimator!r}.")
+    print(f"\nserver side only; {args.rounds} interleaved blocks of {args.seconds:g} s per arm and cell"
+          f"{'; Prometheus sink fed too' if args.prometheus else ''}.")
+    if args.http:
+        for label in args.sizes.split(","):
+            cpu = run_http(SIZES[label], args.seconds, args.rounds)
+            print(f"streamable HTTP {label}: server CPU per call sdk {cpu['sdk']:.0f} µs, shim {cpu['shim']:.0f} µs "
+                  f"({(cpu['shim'] / cpu['sdk'] - 1) * 100:+.1f}%)", flush=True)
 
 
 if __name__ == "__main__":

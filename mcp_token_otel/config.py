@@ -111,6 +111,8 @@ class PrometheusConfig:
     #: Sustained output-token budgets (tokens per second) exported for the McpTokenSustainedHighUsage alert.
     tool_output_rate_budget: float = field(default=100.0, metadata=_POSITIVE)
     service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)
+    #: Also expose the ``_created`` series of every counter and histogram (one more line per series).
+    created_series: bool = False
 
     def __post_init__(self) -> None:
         for first, second in (("tls_cert_file", "tls_key_file"), ("basic_auth_username", "basic_auth_password")):

@@ -64,8 +64,66 @@ def _status_unset(span: Span) -> bool:
 
 
 def _truncate(value: Any, limit: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit]
+    """The first ``limit`` characters of ``value``'s JSON, written only that far (a 50 MB result costs what
+    the 2 KB kept costs): strings are cut before they are encoded, containers stop once the limit is met."""
+    if isinstance(value, str):
+        return value[:limit]
+    out: list[str] = []
+    _write_bounded(value, out, limit, 0)
+    return "".join(out)[:limit]
+
+
+def _write_bounded(value: Any, out: list[str], limit: int, depth: int) -> int:
+    """Append JSON for ``value`` to ``out`` until ``limit`` characters are written; returns what is left."""
+    if limit <= 0:
+        return 0
+    if isinstance(value, str):
+        piece = json.dumps(value[:limit], ensure_ascii=False)
+    elif value is None or isinstance(value, (bool, int, float)):
+        piece = json.dumps(value)
+    elif depth >= 64:
+        piece = '"…"'
+    elif isinstance(value, Mapping):
+        out.append("{")
+        limit -= 1
+        for index, (key, item) in enumerate(value.items()):
+            if limit <= 0:
+                return 0
+            key_text = json.dumps(str(key)[:limit], ensure_ascii=False) + ": "  # json.dumps' own separators
+            out.append(key_text if index == 0 else ", " + key_text)
+            limit = _write_bounded(item, out, limit - len(key_text) - 2 * (index > 0), depth + 1)
+        piece = "}"
+    elif isinstance(value, (list, tuple)):
+        out.append("[")
+        limit -= 1
+        for index, item in enumerate(value):
+            if limit <= 0:
+                return 0
+            if index:
+                out.append(", ")
+                limit -= 2
+            limit = _write_bounded(item, out, limit, depth + 1)
+        piece = "]"
+    else:
+        piece = json.dumps(str(value)[:limit], ensure_ascii=False)
+    out.append(piece)
+    return limit - len(piece)
+
+
+def _budget_attributes(update: BudgetUpdate) -> dict[str, Any]:
+    return {
+        A_SESSION_TOKENS: update.tokens,
+        A_SESSION_UTILIZATION: update.utilization,
+        A_SESSION_STATE: update.state,
+    }
+
+
+def _budget_events(span: Span, update: BudgetUpdate) -> None:
+    for state in update.transitions:
+        span.add_event(
+            EVENT_BUDGET,
+            {A_SESSION_STATE: state, A_SESSION_TOKENS: update.tokens, A_SESSION_UTILIZATION: update.utilization},
+        )
 
 
 class TokenRecorder:
@@ -218,24 +276,32 @@ class TokenRecorder:
         method: str,
         params: Any,
         session_id: str | None = None,
+        attributes: Mapping[str, Any] | None = None,
     ) -> Measurement | None:
-        """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget."""
+        """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget.
+
+        ``attributes`` (the adapter's own, e.g. transport and session id) go onto the span in the same
+        ``set_attributes`` call. The session's running totals go on with the response (set once per span).
+        """
         try:
             measurement = measure_request(method, params, self.policy)
         except Exception:
             self._fault("estimate")
+            if attributes:
+                self.set_attributes(span, attributes)
             return None
         update = self._budget(side, session_id, measurement.total_tokens)
         try:
             if span is not None and span.is_recording():
-                attrs: dict[str, Any] = {
-                    A_INPUT_TOKENS: measurement.total_tokens,
-                    A_ESTIMATOR: self.policy.estimator_name,
-                }
+                attrs: dict[str, Any] = dict(attributes) if attributes else {}
+                attrs[A_INPUT_TOKENS] = measurement.total_tokens
+                attrs[A_ESTIMATOR] = self.policy.estimator_name
                 if self._capture and method == "tools/call" and isinstance(params, Mapping):
                     attrs[A_ARGUMENTS] = _truncate(params.get("arguments"), self._max_chars)
+                if update is not None and update.transitions:  # the state entered is news: say it now
+                    attrs.update(_budget_attributes(update))
+                    _budget_events(span, update)
                 span.set_attributes(attrs)
-                self._budget_on_span(span, update)
         except Exception:
             self._fault("span")
         self._metrics(side, method, measurement.tool_name, "input", measurement, update)
@@ -326,26 +392,6 @@ class TokenRecorder:
             self._emit_ended()
         return update
 
-    def _budget_on_span(self, span: Span, update: BudgetUpdate | None) -> None:
-        if update is None:
-            return
-        span.set_attributes(
-            {
-                A_SESSION_TOKENS: update.tokens,
-                A_SESSION_UTILIZATION: update.utilization,
-                A_SESSION_STATE: update.state,
-            }
-        )
-        for state in update.transitions:
-            span.add_event(
-                EVENT_BUDGET,
-                {
-                    A_SESSION_STATE: state,
-                    A_SESSION_TOKENS: update.tokens,
-                    A_SESSION_UTILIZATION: update.utilization,
-                },
-            )
-
     def _output_on_span(self, span: Span, m: Measurement, result: Any, update: BudgetUpdate | None) -> None:
         attrs: dict[str, Any] = {
             A_OUTPUT_TOKENS: m.total_tokens,
@@ -354,6 +400,8 @@ class TokenRecorder:
             A_RISK_TIER: m.risk_tier,
             A_ESTIMATOR: self.policy.estimator_name,
         }
+        if update is not None:
+            attrs.update(_budget_attributes(update))
         if m.error_type is not None:
             attrs[A_ERROR_TYPE] = m.error_type
             if m.error_type != "tool_error":
@@ -366,10 +414,12 @@ class TokenRecorder:
             span.set_status(StatusCode.ERROR)
         if m.risk_tier in BREACH_TIERS:
             event: dict[str, Any] = {A_RISK_TIER: m.risk_tier, A_OUTPUT_TOKENS: m.total_tokens}
-            if m.advisories:
-                event[A_ADVISORY] = m.advisories[0]
+            advisories = m.advisories
+            if advisories:
+                event[A_ADVISORY] = advisories[0]
             span.add_event(EVENT_RISK, event)
-        self._budget_on_span(span, update)
+        if update is not None:
+            _budget_events(span, update)
 
     def _metrics(
         self,

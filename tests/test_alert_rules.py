@@ -38,7 +38,7 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_sessions": {"side", "state"},
     "mcp_token_session_transitions_total": {"side", "state"},
     "mcp_token_instrumentation_errors_total": {"stage"},
-    "mcp_token_output_rate_budget_per_second": {"scope"},
+    "mcp_token_output_rate_budget_tokens_per_second": {"scope"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}

@@ -42,24 +42,36 @@ class Recording:
         self._note("record_error", *args)
 
 
-def test_calls_are_queued_then_replayed_in_order_with_their_trace_context() -> None:
+def test_calls_are_queued_then_replayed_in_order_only_breaches_with_their_trace_context() -> None:
+    from mcp_token_otel.core.measure import measure_result
+
     inner = Recording()
-    sink = DeferredSink(inner, interval=3600)  # the thread will not run during the test
+    sink = DeferredSink(inner, interval=3600, slice_size=2)  # the thread will not run during the test
+    small = measure_result("tools/call", {"content": [{"type": "text", "text": "ok"}]})
+    large = measure_result("tools/call", {"content": [{"type": "text", "text": "word " * 20_000}]})
+    assert small.risk_tier == "low" and large.risk_tier == "critical"
     try:
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("call") as span:
             sink.record_transition("server", "warning")
+            sink.record_message("server", "tools/call", "t", "output", small)
+            sink.record_message("server", "tools/call", "t", "output", large)
+            sink.record_breach("server", "tools/call", "t", "critical")
             sink.record_session_end("server", 0.5)
             trace_id = span.get_span_context().trace_id
         sink.record_error("estimate")
         assert inner.calls == []  # nothing ran inline
-        sink.flush()
-        assert [(c[0], c[1]) for c in inner.calls] == [
-            ("record_transition", ("server", "warning")),
-            ("record_session_end", ("server", 0.5)),
-            ("record_error", ("estimate",)),
+        sink.flush()  # in slices of two: everything still replays, in order
+        assert [c[0] for c in inner.calls] == [
+            "record_transition",
+            "record_message",
+            "record_message",
+            "record_breach",
+            "record_session_end",
+            "record_error",
         ]
-        assert [c[2] for c in inner.calls] == [trace_id, trace_id, 0]
+        # Exemplars only where they help: the breach and its message keep the trace, the rest replay without.
+        assert [c[2] for c in inner.calls] == [0, 0, trace_id, trace_id, 0, 0]
     finally:
         sink.close()
 
@@ -110,15 +122,15 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars() -> Non
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("tools/call big") as span:
             recorder.record_output(span, "server", "tools/call", "big",
-                                   result={"content": [{"type": "text", "text": "x" * 400}]}, session_id="s")
+                                   result={"content": [{"type": "text", "text": "x" * 40_000}]}, session_id="s")
             trace_id = span.get_span_context().trace_id
         # No explicit flush: collecting runs the drain callback before reading the histograms.
         data = reader.get_metrics_data()
         points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
                   for m in sm.metrics}
         (point,) = points["mcp_token.message.tokens"]
-        assert point.count == 1 and point.sum >= 100
-        assert any(e.trace_id == trace_id for e in point.exemplars)
+        assert point.count == 1 and point.sum >= 10_000
+        assert any(e.trace_id == trace_id for e in point.exemplars)  # a critical response: its trace is kept
         assert points["mcp_token.instrumentation.dropped"][0].value == 0
     finally:
         recorder.close()

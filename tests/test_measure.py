@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel import RiskThresholds, measure_error, measure_message, measure_request, measure_result
+from mcp_token_otel.core.estimation import estimate_tokens
 from mcp_token_otel.core.measure import Policy, infer_method
 
 from .conftest import chars4
@@ -186,3 +187,29 @@ def test_more_text_never_means_fewer_tokens(a: str, b: str) -> None:
         return measure_result("tools/call", {"content": [{"type": "text", "text": text}]}).total_tokens
 
     assert total(a + b) >= total(a)
+
+
+def test_many_content_blocks_are_bounded_and_sized_in_bulk_without_undercount() -> None:
+    """100k blocks: the first MAX_BLOCKS one by one, the rest in bulk with the same data/overhead split."""
+    from mcp_token_otel.core.measure import MAX_BLOCKS
+
+    block = {"type": "text", "text": "row of data number 12345"}
+    many = {"content": [dict(block) for _ in range(100_000)]}
+    few = {"content": [dict(block) for _ in range(MAX_BLOCKS)]}
+    m, f = measure_result("tools/call", many), measure_result("tools/call", few)
+    assert len(m.blocks) == MAX_BLOCKS + 1 and m.blocks[-1].type == "content:bulk"
+    assert m.reason is not None and "sized in bulk" in m.reason
+    per_block = f.total_tokens / MAX_BLOCKS
+    assert abs(m.total_tokens - per_block * 100_000) / (per_block * 100_000) < 0.10
+    assert abs(m.overhead_ratio - f.overhead_ratio) < 0.05
+
+
+def test_a_million_key_structured_content_and_a_three_million_key_message() -> None:
+    structured = {f"key{i}": i for i in range(1_000_000)}
+    m = measure_result("tools/call", {"content": [], "structuredContent": structured})
+    text = json.dumps(structured, separators=(",", ":"))
+    assert m.bytes >= len(text) and m.total_tokens >= estimate_tokens(text) * 0.99
+    huge = {f"k{i}": "v" for i in range(3_000_000)}
+    whole = measure_message(huge)
+    reference = estimate_tokens(json.dumps(huge, separators=(",", ":")))
+    assert abs(whole.total_tokens - reference) / reference < 0.05

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+from mcp_token_otel.core.estimation import estimate_tokens
 from mcp_token_otel.core.payload import MAX_NODES, size_text, size_value, utf8_len
 
 from .conftest import chars4
@@ -49,9 +51,48 @@ def test_ten_thousand_deep_nesting() -> None:
     assert size.bytes == 20_002 and size.reason is None
 
 
-def test_node_budget_gives_partial_answer() -> None:
-    size = size_value(list(range(MAX_NODES * 2)), chars4)
-    assert size.tokens > 0 and size.reason is not None and "stopped after" in size.reason
+def test_past_the_node_budget_the_value_is_sized_from_its_json() -> None:
+    value = list(range(MAX_NODES * 2))
+    size = size_value(value, chars4)
+    text = json.dumps(value, separators=(",", ":"))
+    assert size.bytes == len(text) and size.tokens == math.ceil(len(text) / 4) and size.reason is None
+
+
+def test_fifty_thousand_rows_within_ten_percent_of_the_serialised_json() -> None:
+    """The layout issue's case: 50,000 structuredContent rows measured -34% when the walk stopped."""
+    rows = [
+        {"id": i, "name": f"user {i}", "email": f"user{i}@example.com", "active": i % 3 == 0, "score": i / 7}
+        for i in range(50_000)
+    ]
+    size = size_value(rows, estimate_tokens)
+    reference = estimate_tokens(json.dumps(rows, separators=(",", ":")))
+    assert abs(size.tokens - reference) / reference < 0.10 and size.reason is None
+
+
+def test_a_value_json_cannot_write_stops_at_the_bound_and_says_it_undercounts() -> None:
+    wide = {(i, "tuple key"): i for i in range(MAX_NODES * 3)}  # JSON has no tuple keys
+    size = size_value({"rows": wide}, chars4)
+    assert size.tokens > 0 and size.reason is not None and "undercount" in size.reason
+
+
+def test_wide_containers_are_refused_before_they_are_expanded() -> None:
+    """A 3M-key dict is never copied item by item into the walker: the bound applies before expansion."""
+    import mcp_token_otel.core.payload as payload
+
+    calls = 0
+    original = payload._push_mapping
+
+    def counting(stack: list, mapping: dict, limit: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return original(stack, mapping, limit)
+
+    payload._push_mapping = counting  # type: ignore[assignment]
+    try:
+        size = size_value({f"k{i}": i for i in range(3_000_000)}, chars4)
+    finally:
+        payload._push_mapping = original  # type: ignore[assignment]
+    assert calls == 0 and size.reason is None and size.bytes > 3_000_000 * 6
 
 
 def test_odd_types_keys_bytes_and_surrogates() -> None:
@@ -96,3 +137,9 @@ def test_values_that_convert_to_themselves_cannot_loop() -> None:
 
     size = size_value({"q": SelfStr("abc"), "m": SelfDump(), "n": [SelfStr("x")] * 3}, chars4)
     assert size.bytes == len('{"q":"abc","m":"self-dump","n":["x","x","x"]}') and size.reason is None
+
+
+def test_nested_small_dicts_take_the_fast_path_and_match_compact_json() -> None:
+    value = {"io.modelcontextprotocol/serverInfo": {"name": "bench", "version": ""}, "n": 1}
+    size = size_value(value, chars4)
+    assert size.bytes == len(json.dumps(value, separators=(",", ":"))) and size.reason is None

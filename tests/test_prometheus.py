@@ -95,19 +95,26 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     status, ctype, body = scrape(server.url)
     assert status == 200 and ctype.startswith("text/plain")
     found = samples(body)
-    assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output",
-                 risk_tier="critical") == 2
+    assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output") == 2
+    assert value(found, "mcp_token_responses_total", side="server", tool="dump", risk_tier="critical") == 2
+    assert not any("risk_tier" in lbl for lbl, _ in found["mcp_token_message_tokens_count"])  # derivable
+    # _created series only when asked (prometheus.created_series)
+    assert not any(name.endswith("_created") for name in found)
     assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 1
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
     assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
     assert value(found, "mcp_token_overhead_ratio_count", side="server", method="tools/call") == 3
-    assert value(found, "mcp_token_message_tokens_count", side="client", risk_tier="low", tool="ping") == 1
+    assert value(found, "mcp_token_responses_total", side="client", risk_tier="low", tool="ping") == 1
+    assert value(found, "mcp_token_risk_breaches_total", side="client", tool="ping", risk_tier="high") == 0
+    # tokens_total is the histogram's sum
+    assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") == value(
+        found, "mcp_token_message_tokens_sum", side="server", tool="dump", direction="output")
     assert value(found, "mcp_token_session_transitions_total", side="server", state="warning") == 1
     assert value(found, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
     assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 1
     assert value(found, "mcp_token_sessions", side="server", state="ok") == 1
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 42
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="service") == 420
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool") == 42
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="service") == 420
     assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate") == 0
     # the session ended: its utilization is observed once, and it is no longer live
     recorder.end_session("server", "sess-secret-1234")
@@ -139,6 +146,16 @@ def test_tool_names_overflow_and_are_sanitised() -> None:
     assert label_value(None) == "" and len(label_value("y" * 1000)) == 128
 
 
+def test_created_series_only_when_asked() -> None:
+    recorder = TokenRecorder(config_from_dict({}), TracerProvider(), MeterProvider())
+    sink = PrometheusMetrics(states=recorder.states, created_series=True)
+    recorder.add_sink(sink)
+    recorder.record_output(None, "server", "tools/call", "t", result=SMALL)
+    found = samples(_body(sink))
+    assert value(found, "mcp_token_message_tokens_created", tool="t") > 1_700_000_000
+    assert value(found, "mcp_token_tokens_created", tool="t") > 1_700_000_000
+
+
 def _body(sink: PrometheusMetrics) -> str:
     from prometheus_client import generate_latest
 
@@ -168,7 +185,7 @@ def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
         assert scrape(server.url)[0] == 401
         assert scrape(server.url, auth=("prom", "wrong"))[0] == 401
         status, _, body = scrape(server.url, auth=("prom", "s3cret"))
-        assert status == 200 and "mcp_token_output_rate_budget_per_second" in body
+        assert status == 200 and "mcp_token_output_rate_budget_tokens_per_second" in body
     finally:
         server.close()
 
@@ -190,7 +207,7 @@ def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
     assert anyio.run(call, [])[0] == 401
     good = [(b"authorization", b"Basic " + base64.b64encode(b"prom:s3cret"))]
     status, body = anyio.run(call, good)
-    assert status == 200 and b"mcp_token_output_rate_budget_per_second" in body
+    assert status == 200 and b"mcp_token_output_rate_budget_tokens_per_second" in body
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl CLI not installed")
@@ -273,7 +290,7 @@ def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
     assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
     assert value(found, "mcp_token_tokens_total", tool="t") >= 7
     assert value(found, "mcp_token_sessions", state="ok") == 2  # one live session per worker, summed
-    assert value(found, "mcp_token_output_rate_budget_per_second", scope="tool") == 100
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool") == 100
     # once the workers are marked dead, their sessions no longer count as live; counters stay
     found = read(*pids)
     assert value(found, "mcp_token_sessions", state="ok") == 0
@@ -321,3 +338,19 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
         uninstrument()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=5)
+
+
+def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
+    from prometheus_client import generate_latest
+
+    recorder, sink = make_recorder()
+    drive(recorder)
+    recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=SMALL)
+    recorder.end_session("server", "sess-secret-1234")
+
+    def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return {(s.name, tuple(sorted(s.labels.items())), s.value)
+                for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+
+    fast, reference = sink.exposition(), generate_latest(sink.registry)
+    assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50

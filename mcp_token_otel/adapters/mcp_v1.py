@@ -63,7 +63,7 @@ _SERVER_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.
 @dataclass
 class _SessionInfo:
     side: Side
-    key: str  # budget key: the server's mcp-session-id when known at creation, else a uuid4
+    key: str | None  # budget key: the mcp-session-id when known, else a uuid4; None on stateless HTTP
     transport: str | None = None  # network.transport: "pipe" or "tcp"; None in memory
     http: Any = None  # the streamable HTTP transport (client or server), read lazily for the session id
     session_id: str | None = None  # the mcp-session-id seen in a request header (server)
@@ -259,6 +259,8 @@ class V1Shim:
             sid = info.protocol_session_id()
             if sid:
                 info.key = sid  # stateful streamable HTTP: the id is known before initialize
+            elif http is not None:
+                info.key = None  # stateless streamable HTTP: a session per request is no session; no budget
         self._sessions[session] = info
 
     def _wrap_session_init(self, original: Callable[..., None]) -> Callable[..., None]:

@@ -69,6 +69,26 @@ def _error_data(exc: Exception) -> Any:
 
 
 
+def _transport_kind(ctx: Any) -> str | None:
+    outbound = getattr(ctx.session, "_request_outbound", None)
+    # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
+    transport = getattr(getattr(outbound, "_inner", outbound), "transport", None)
+    return getattr(transport, "kind", None)
+
+
+def _per_client_anchor(ctx: Any, connection: Any) -> Any:
+    """What stays the same across the requests of one client when every request has its own Connection
+    (2026-07-28 protocol), else None (a handshake-era Connection is itself the session)."""
+    outbound = getattr(connection, "outbound", None)
+    if type(outbound).__name__ == "NotifyOnlyOutbound":  # modern protocol over one stream (stdio, memory)
+        return outbound
+    request_outbound = getattr(ctx.session, "_request_outbound", None)
+    inner = getattr(request_outbound, "_inner", None)
+    if type(inner).__name__ == "_DirectDispatchContext":  # in-process auto mode: one transport per pair
+        return getattr(inner, "transport", None)
+    return None
+
+
 class TokenMiddleware:
     """Server middleware: ``async (ctx, call_next) -> result``, measuring the wire params and result."""
 
@@ -84,6 +104,7 @@ class TokenMiddleware:
         rec = shim.recorder
         method, params = ctx.method, ctx.params
         span, own, session_key = None, None, None
+        extra: dict[str, Any] = {}
         try:
             session_id, session_key = shim.server_session(ctx)
             if ctx.request_id is None:
@@ -101,17 +122,16 @@ class TokenMiddleware:
                     context=parent,
                 )
             transport = "tcp" if ctx.request is not None else _SERVER_TRANSPORT.get()
-            extra: dict[str, Any] = {}
             if session_id:
                 extra[A_SESSION_ID] = session_id
             if transport:
                 extra[A_TRANSPORT] = transport
             if ctx.protocol_version and own is not None:
                 extra["mcp.protocol.version"] = ctx.protocol_version
-            rec.set_attributes(span, extra)
         except Exception:
             rec._fault("span")
-        rec.record_input(span, "server", method, params, session_key)
+        # One set_attributes for the request side: the adapter's attributes ride with the estimate.
+        rec.record_input(span, "server", method, params, session_key, attributes=extra)
         tool = called_tool(method, params)
         token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
         try:
@@ -128,9 +148,12 @@ class TokenMiddleware:
                     rec.record_output(span, "server", method, tool, error=error, session_id=session_key)
                 raise
             if ctx.request_id is not None:
-                rec.record_output(
-                    span, "server", method, tool, result=wire_dict(result), session_id=session_key
-                )
+                try:  # converting the result is part of measuring it: inside the never-break boundary
+                    wire = wire_dict(result)
+                except Exception:
+                    rec._fault("estimate")
+                else:
+                    rec.record_output(span, "server", method, tool, result=wire, session_id=session_key)
             return result
         finally:
             detach(token)
@@ -282,6 +305,8 @@ class V2Shim:
         self._servers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions: weakref.WeakSet[ClientSession] = weakref.WeakSet()
         self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        #: id(anchor) -> (weak reference to it, budget key): the 2026 protocol's per-client anchors.
+        self._anchor_keys: dict[int, tuple[weakref.ref[Any], str]] = {}
 
     # -------------------------------------------------------------- install / uninstall
 
@@ -391,24 +416,64 @@ class V2Shim:
         with contextlib.suppress(Exception):
             low.middleware[:] = [m for m in low.middleware if not getattr(m, _MARK, False)]
 
-    def server_session(self, ctx: Any) -> tuple[str | None, str]:
-        """(the protocol's session id or None, the budget key: that id or a uuid4 per Connection)."""
+    def server_session(self, ctx: Any) -> tuple[str | None, str | None]:
+        """(the protocol's session id or None, the budget key or None when no client session is knowable).
+
+        - stateful streamable HTTP: the ``mcp-session-id``;
+        - a handshake-era connection (stdio, SSE, legacy in-memory): one key per ``Connection``, ended with it;
+        - the 2026-07-28 protocol builds a new ``Connection`` per request, so the key follows what stays
+          the same for one client: the in-process ``DirectDispatcher`` pair's transport context (auto mode),
+          or the stream's shared outbound channel (stdio/memory streams serving the modern protocol);
+        - stateless HTTP (a request with no session id): no session, so no budget (never one per call).
+        """
         connection = getattr(ctx.session, "_connection", None)
         session_id = getattr(connection, "session_id", None)
-        if connection is None:
-            return session_id, session_id or uuid.uuid4().hex
+        if session_id:
+            key = self._connection_keys.get(connection) if connection is not None else None
+            if connection is not None and key is None:
+                self._connection_keys[connection] = session_id
+                self._on_connection_end(connection, session_id)
+            return session_id, session_id
+        if connection is None or _transport_kind(ctx) == "streamable-http":
+            return None, None  # stateless HTTP: nothing identifies the client across requests
+        anchor = _per_client_anchor(ctx, connection)
+        if anchor is not None:
+            return None, self._anchor_key(anchor)
         key = self._connection_keys.get(connection)
         if key is None:
-            key = session_id or uuid.uuid4().hex
-            self._connection_keys[connection] = key
-            # Every SDK driver unwinds the Connection's exit stack when the connection ends (its
-            # per-connection cleanup hook); garbage collection is only the fallback.
-            exit_stack = getattr(connection, "exit_stack", None)
-            if exit_stack is not None:
-                exit_stack.callback(self.recorder.end_session, "server", key)
-            else:
-                weakref.finalize(connection, self.recorder.end_session, "server", key)
-        return session_id, key
+            key = self._connection_keys[connection] = uuid.uuid4().hex
+            self._on_connection_end(connection, key)
+        return None, key
+
+    def _on_connection_end(self, connection: Any, key: str) -> None:
+        # Every SDK driver unwinds the Connection's exit stack when the connection ends (its
+        # per-connection cleanup hook); garbage collection is only the fallback.
+        exit_stack = getattr(connection, "exit_stack", None)
+        if exit_stack is not None:
+            exit_stack.callback(self.recorder.end_session, "server", key)
+        else:
+            weakref.finalize(connection, self.recorder.end_session, "server", key)
+
+    def _anchor_key(self, anchor: Any) -> str:
+        """One budget key per client anchor; the session ends when the anchor is collected (the client
+        closed: the dispatcher pair or the stream's channel is gone), or by the registry's idle timeout."""
+        entry = self._anchor_keys.get(id(anchor))
+        if entry is not None and entry[0]() is anchor:
+            return entry[1]
+        key = uuid.uuid4().hex
+        try:
+            ref = weakref.ref(anchor)
+        except TypeError:
+            return key  # not weak-referenceable: cannot follow it; the idle timeout still bounds the budget
+        self._anchor_keys[id(anchor)] = (ref, key)
+        weakref.finalize(anchor, self._anchor_gone, id(anchor), key)
+        return key
+
+    def _anchor_gone(self, anchor_id: int, key: str) -> None:
+        entry = self._anchor_keys.get(anchor_id)
+        if entry is not None and entry[1] == key:
+            del self._anchor_keys[anchor_id]
+        self.recorder.end_session("server", key)
 
     # -------------------------------------------------------------- client side
 

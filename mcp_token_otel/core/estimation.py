@@ -28,8 +28,9 @@ Accuracy (held-out split: other seeds/files, 12 kinds, 480 samples, vs o200k_bas
 
 Speed (one core, CPython 3.11)
     ~10.5 µs per 2 KB call; ~190 MB/s scanning whole. Above 64 K characters the estimate is taken
-    from 16 evenly spaced 4 K-character chunks and scaled by length (within 3% of a full scan on every
-    content kind of the corpus), so any larger string costs ~0.4 ms, 10 MB included.
+    from 32 evenly spaced chunks (320 characters, 64 for non-ASCII text) scored as one and scaled by
+    length (within 2.5% of a full scan on every content kind of the corpus), so any larger string costs
+    under 0.1 ms, 10 MB included.
 """
 
 from __future__ import annotations
@@ -136,10 +137,15 @@ def _weighted_byte_sum(weights: bytes) -> int:
     return sum((adler32(view[i : i + _SUM_CHUNK]) & 0xFFFF) - 1 for i in range(0, len(view), _SUM_CHUNK))
 
 
-# Above this many characters, estimate from evenly spaced samples (bounded cost).
+# Above this many characters, estimate from evenly spaced samples (bounded cost): 32 chunks, joined and
+# scored in one pass (one call instead of 32: the per-call cost was a third of the price). Non-ASCII text
+# costs ~4x more per character (3-byte characters, the non-ASCII patterns), so its chunks are shorter.
+# Against a full scan of every corpus kind at 300 K characters the estimate is within 2.5%; it costs
+# ~60-90 µs at any size (the 16 x 4 K chunks it replaced cost 350-2,000 µs and were within 5.8%).
 SAMPLE_THRESHOLD = 64 * 1024
-SAMPLE_CHUNKS = 16
-SAMPLE_CHUNK = 4 * 1024
+SAMPLE_CHUNKS = 32
+SAMPLE_CHUNK = 320
+SAMPLE_CHUNK_NON_ASCII = 64
 
 
 def _score(text: str) -> float:
@@ -163,7 +169,8 @@ def estimate_tokens(text: str) -> int:
     if n <= SAMPLE_THRESHOLD:
         score = _score(text)
     else:
-        step = (n - SAMPLE_CHUNK) // (SAMPLE_CHUNKS - 1)
-        sampled = sum(_score(text[i * step : i * step + SAMPLE_CHUNK]) for i in range(SAMPLE_CHUNKS))
-        score = sampled * n / (SAMPLE_CHUNKS * SAMPLE_CHUNK)
+        chunk = SAMPLE_CHUNK if text.isascii() else SAMPLE_CHUNK_NON_ASCII  # isascii() is O(1) on str
+        step = (n - chunk) // (SAMPLE_CHUNKS - 1)
+        sample = "".join([text[i * step : i * step + chunk] for i in range(SAMPLE_CHUNKS)])
+        score = _score(sample) * n / len(sample)
     return max(1, int(score + 0.5))

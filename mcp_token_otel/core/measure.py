@@ -45,6 +45,8 @@ from .risk import (
 
 Direction = Literal["input", "output"]
 
+#: Content blocks, list items and result fields measured one by one; the rest is sized in bulk.
+MAX_BLOCKS = 2000
 #: Text blocks larger than this are not parsed when looking for a duplicated structuredContent.
 _MAX_DUPLICATE_CHECK_CHARS = 4 << 20
 #: List results whose items are definitions, and the fields of an item that are data.
@@ -99,13 +101,30 @@ class Measurement:
     overhead_tokens: int
     overhead_ratio: float
     risk_tier: RiskTier
-    advisories: tuple[str, ...] = ()
     error_type: str | None = None
     reason: str | None = None
     bytes: int = field(default=0)
+    #: The overhead limit the advisories are judged against (risk.max_overhead_ratio).
+    max_overhead_ratio: float = DEFAULT_MAX_OVERHEAD_RATIO
+
+    @property
+    def advisories(self) -> tuple[str, ...]:
+        """What a user should do about this response; formatted only when read (most never are)."""
+        if self.direction != "output":
+            return ()
+        ratio_over = self.overhead_ratio > self.max_overhead_ratio
+        if self.risk_tier not in BREACH_TIERS and not ratio_over:
+            return ()
+        subject = f"Tool '{self.tool_name}'" if self.tool_name else f"'{self.method}'"
+        advice = (
+            risk_advisory(self.risk_tier, self.total_tokens, subject),
+            overhead_advisory(self.overhead_tokens, self.overhead_ratio, self.max_overhead_ratio),
+        )
+        return tuple(a for a in advice if a)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["max_overhead_ratio"]
         out["blocks"] = [{**asdict(b), "data_tokens": b.data_tokens} for b in self.blocks]
         out["advisories"] = list(self.advisories)
         return out
@@ -119,6 +138,11 @@ class _Builder:
         self.blocks: list[Block] = []
         self.reasons: list[str] = []
         self.total = self.overhead = self.bytes = 0
+        self.pending: list[Any] = []  # bulk sizing to run once the measured items are in
+
+    def run_pending(self) -> None:
+        while self.pending:
+            self.pending.pop()()
 
     def text(self, text: Any) -> Size:
         return size_text(text, self.policy.estimator) if isinstance(text, str) else self.value(text)
@@ -156,34 +180,26 @@ class _Builder:
     ) -> Measurement:
         total, overhead = self.total, self.overhead
         ratio = overhead / total if total else 0.0
-        tier = tier_of(total, self.policy.thresholds)
-        advisories: list[str] = []
-        if direction == "output" and (tier in BREACH_TIERS or ratio > self.policy.max_overhead_ratio):
-            subject = f"Tool '{tool_name}'" if tool_name else f"'{method}'"
-            for advice in (
-                risk_advisory(tier, total, subject),
-                overhead_advisory(overhead, ratio, self.policy.max_overhead_ratio),
-            ):
-                if advice:
-                    advisories.append(advice)
         return Measurement(
-            direction=direction,
-            method=method,
-            tool_name=tool_name,
-            blocks=tuple(self.blocks),
-            total_tokens=total,
-            data_tokens=total - overhead,
-            overhead_tokens=overhead,
-            overhead_ratio=ratio,
-            risk_tier=tier,
-            advisories=tuple(advisories),
-            error_type=error_type,
-            reason="; ".join(dict.fromkeys(self.reasons)) if self.reasons else None,
-            bytes=self.bytes,
+            direction,
+            method,
+            tool_name,
+            tuple(self.blocks),
+            total,
+            total - overhead,
+            overhead,
+            ratio,
+            tier_of(total, self.policy.thresholds),
+            error_type,
+            "; ".join(dict.fromkeys(self.reasons)) if self.reasons else None,
+            self.bytes,
+            self.policy.max_overhead_ratio,
         )
 
 
 def _as_mapping(value: Any) -> Mapping[str, Any] | None:
+    if type(value) is dict:  # the wire form: an exact-type check is ten times cheaper than the ABC's
+        return value
     if isinstance(value, Mapping):
         return value
     dump = getattr(value, "model_dump", None)
@@ -292,14 +308,41 @@ def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size,
     return None
 
 
+def _bounded(b: _Builder, items: list[Any], label: str) -> list[Any]:
+    """The items to measure one by one; past MAX_BLOCKS the rest is sized in bulk from its JSON, split into
+    data and overhead in the proportion the measured ones had (bounded time, no silent undercount)."""
+    if len(items) <= MAX_BLOCKS:
+        return items
+    head, tail = items[:MAX_BLOCKS], items[MAX_BLOCKS:]
+
+    def bulk() -> None:
+        measured_total = sum(blk.tokens for blk in b.blocks[start:])
+        measured_overhead = sum(blk.overhead_tokens for blk in b.blocks[start:])
+        share = measured_overhead / measured_total if measured_total else 0.0
+        # The tail's JSON is scaled by how the measured head compares with its own JSON: the rules above
+        # count a text block's text verbatim, not as a JSON string with its key and quotes.
+        as_json = b.value(head)
+        scale = measured_total / as_json.tokens if as_json.tokens and measured_total else 1.0
+        raw = b.value(tail)
+        size = Size(round(raw.tokens * scale), raw.bytes)
+        overhead = Size(round(size.tokens * share), round(size.bytes * share))
+        b.add(f"{label}:bulk", Size(size.tokens - overhead.tokens, size.bytes - overhead.bytes), overhead)
+        b.reasons.append(f"{len(tail)} {label} items past the first {MAX_BLOCKS} sized in bulk from their JSON")
+
+    start = len(b.blocks)
+    b.pending.append(bulk)
+    return head
+
+
 def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
     content = result.get("content")
     texts: list[tuple[str, Size]] = []  # text blocks and their data sizes, to spot a duplicate
     if isinstance(content, list):
-        for block in content:
+        for block in _bounded(b, content, "content"):
             data = _content_block(b, block)
             if data is not None:
                 texts.append(data)
+        b.run_pending()
     if "structuredContent" in result:
         structured = result["structuredContent"]
         duplicate = _duplicate_of(structured, texts)
@@ -312,27 +355,30 @@ def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
             b.add("structuredContent", overhead=b.value(structured))
     contents = result.get("contents")
     if isinstance(contents, list):  # resources/read
-        for item in contents:
+        for item in _bounded(b, contents, "contents"):
             res = _as_mapping(item) or {}
             b.split("resource", res, ("text",) if "text" in res else ("blob",))
+        b.run_pending()
     messages = result.get("messages")
     if isinstance(messages, list):  # prompts/get
-        for message in messages:
+        for message in _bounded(b, messages, "messages"):
             msg = _as_mapping(message) or {}
             _content_block(b, msg.get("content"), "message:")
             rest = {k: v for k, v in msg.items() if k != "content"}
             if rest:
                 b.add("message_framing", overhead=b.value(rest))
+        b.run_pending()
     for key, data_fields in _LIST_DATA_FIELDS.items():
         items = result.get(key)
         if isinstance(items, list):
             singular = key[:-1]
-            for item in items:
+            for item in _bounded(b, items, key):
                 definition = _as_mapping(item)
                 if definition is None:
                     b.add(singular, b.value(item))
                 else:
                     b.split(singular, definition, data_fields)
+            b.run_pending()
 
 
 def measure_result(
@@ -344,6 +390,11 @@ def measure_result(
     error_type = None
     if res is None:
         b.add("result", b.value(result))
+    elif len(res) > MAX_BLOCKS:  # not a result shape: sized whole (no per-key copy), from its JSON if large
+        b.add("result", b.value(res))
+        b.reasons.append(f"a result with {len(res)} fields is sized whole")
+        if res.get("isError") is True:
+            error_type = "tool_error"
     else:
         has_payload = not _RESULT_PAYLOAD_KEYS.isdisjoint(res)
         if has_payload:

@@ -10,11 +10,18 @@ walker here is iterative (no recursion limit), bounded in nodes, and never seria
   *skeleton* which is estimated once, so structure costs tokens as it would on the wire.
 
 The result is the sum of both. ``reason`` explains a partial answer (cycle, node budget, odd type).
+
+Bounded in time, never a silent undercount: a value with more than ``MAX_NODES`` nodes (found before any
+wide container is expanded) is sized from its compact JSON instead, written by the standard library's C
+encoder in one linear pass and estimated like any long string (sampled above 64 K characters). Only
+when that serialisation is impossible (a key JSON cannot write, a cycle, extreme nesting) does the walk
+stop at the bound, and then the answer says so in ``reason`` ("... undercount").
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +30,11 @@ Estimator = Callable[[str], int]
 
 #: Strings longer than this are estimated separately instead of being copied into the skeleton.
 INLINE_LIMIT = 256
-#: Upper bound on visited nodes; the rest of a larger value is skipped with a reason.
-MAX_NODES = 100_000
+#: Nodes the walker visits; a larger value is sized from its JSON (faster at that size; the walk wasted is bounded).
+MAX_NODES = 20_000
 #: Strings up to this length have their estimate cached: skeletons such as '{"type":"text"}' and tool
 #: names recur on every message, and a dict hit is ten times cheaper than estimating again.
-SHORT_CACHE_CHARS = 64
+SHORT_CACHE_CHARS = 256
 _SHORT_CACHE_MAX = 4096
 _short_cache: dict[tuple[Estimator, str], int] = {}
 #: bytes values above this are sized from a base64 sample of their head.
@@ -122,12 +129,13 @@ def _plain(obj: Any) -> Any:
     return _safe_str(obj)
 
 
-def _push_mapping(stack: list[Any], mapping: Mapping[Any, Any]) -> None:
+def _push_mapping(stack: list[Any], mapping: Mapping[Any, Any], limit: int) -> bool:
+    """Queue a mapping's items (at most ``limit``); False when it had more."""
     try:
-        items = list(mapping.items())
+        items = list(mapping.items()) if len(mapping) <= limit else list(_first(mapping.items(), limit))
     except Exception:
         stack.append(_safe_str(mapping))
-        return
+        return True
     stack.append(_Exit(id(mapping)))
     stack.append(_CLOSE_OBJ)
     for index in range(len(items) - 1, -1, -1):
@@ -136,10 +144,18 @@ def _push_mapping(stack: list[Any], mapping: Mapping[Any, Any]) -> None:
         key_text = key if type(key) is str else _safe_str(key)
         stack.append(_Lit(f'"{key_text}":' if index == 0 else f',"{key_text}":'))
     stack.append(_OPEN_OBJ)
+    return len(items) == len(mapping)
 
 
-def _push_sequence(stack: list[Any], sequence: Any) -> None:
-    items = sequence if type(sequence) is list else list(sequence)
+def _push_sequence(stack: list[Any], sequence: Any, limit: int) -> bool:
+    """Queue a sequence's items (at most ``limit``); False when it had more."""
+    if type(sequence) is list:
+        items = sequence if len(sequence) <= limit else sequence[:limit]
+        complete = len(items) == len(sequence)
+    else:
+        items = list(_first(sequence, limit + 1))
+        complete = len(items) <= limit
+        items = items[:limit]
     stack.append(_Exit(id(sequence)))
     stack.append(_CLOSE_ARR)
     for index in range(len(items) - 1, -1, -1):
@@ -147,19 +163,60 @@ def _push_sequence(stack: list[Any], sequence: Any) -> None:
         if index:
             stack.append(_COMMA)
     stack.append(_OPEN_ARR)
+    return complete
+
+
+def _first(iterable: Any, limit: int) -> Any:
+    for index, item in enumerate(iterable):
+        if index >= limit:
+            return
+        yield item
+
+
+def _json_default(obj: Any) -> Any:
+    """What the C encoder cannot write itself: models, bytes, sets, str/number subclasses are handled."""
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(obj)).decode("ascii")
+    if isinstance(obj, (set, frozenset)):
+        return list(obj)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    plain = _plain(obj)
+    return plain
+
+
+def _size_as_json(value: Any, estimator: Estimator) -> Size | None:
+    """Size ``value`` from its compact JSON (one C-speed linear pass); None when it cannot be written."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_default)
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        return None
+    except Exception:  # a model_dump or __str__ that raises inside the encoder
+        return None
+    return Size(estimator(text), utf8_len(text), None)
+
+
+class _TooLarge(Exception):
+    """The walk would pass MAX_NODES: size the value another way."""
 
 
 _SEQUENCES = (list, tuple, set, frozenset)
 
 
-def _flat_skeleton(mapping: dict[Any, Any]) -> str | None:
-    """The compact JSON of a small dict of short scalars (most framing and _meta), or None."""
+def _flat_skeleton(mapping: dict[Any, Any], depth: int = 0) -> str | None:
+    """The compact JSON of a small dict of short scalars, or of such dicts one level down (most framing and
+    _meta, e.g. the 2026 protocol's serverInfo envelope), or None."""
     parts = []
     for key, val in mapping.items():
         kind = type(val)
         if type(key) is not str:
             return None
-        if kind is str and len(val) <= INLINE_LIMIT:
+        if kind is dict and depth == 0 and len(val) <= 8:
+            inner = _flat_skeleton(val, 1)
+            if inner is None:
+                return None
+            parts.append(f'"{key}":{inner}')
+        elif kind is str and len(val) <= INLINE_LIMIT:
             parts.append(f'"{key}":"{val}"')
         elif kind is bool:
             parts.append(f'"{key}":true' if val else f'"{key}":false')
@@ -178,12 +235,29 @@ def size_value(value: Any, estimator: Estimator) -> Size:
         flat = _flat_skeleton(value)
         if flat is not None:
             return Size(estimate_cached(flat, estimator), utf8_len(flat))
+    try:
+        return _walk(value, estimator, partial=False)
+    except _TooLarge:
+        pass
+    size = _size_as_json(value, estimator)
+    if size is not None:
+        return size
+    return _walk(value, estimator, partial=True)
+
+
+def _walk(value: Any, estimator: Estimator, *, partial: bool) -> Size:
+    """The walker; past MAX_NODES it raises _TooLarge, or with ``partial`` stops and says it undercounts.
+
+    The bound is checked before a container is expanded (queued items count), so a 3M-key dict costs
+    nothing here: it is refused at once.
+    """
     skeleton: list[str] = []
     long_tokens = 0
     long_bytes = 0
     reasons: list[str] = []
     open_containers: set[int] = set()
     nodes = 0
+    queued = 0  # values queued on the stack and not yet visited
     # The stack holds values still to write, skeleton text (_Lit) and container exits (_Exit).
     # Dispatch is on the exact type first: an ABC isinstance check costs about a microsecond.
     stack: list[Any] = [value]
@@ -198,7 +272,7 @@ def size_value(value: Any, estimator: Estimator) -> Size:
             continue
         nodes += 1
         if nodes > MAX_NODES:
-            reasons.append(f"stopped after {MAX_NODES} nodes")
+            reasons.append(f"stopped after {MAX_NODES} nodes (undercount)")
             break
         if kind is str:
             if len(item) <= INLINE_LIMIT:
@@ -214,11 +288,22 @@ def size_value(value: Any, estimator: Estimator) -> Size:
                 reasons.append("circular reference skipped")
                 skeleton.append("null")
                 continue
+            try:
+                width = len(item)
+            except Exception:
+                width = 0
+            room = MAX_NODES - nodes - queued
+            if width > room and not partial:
+                raise _TooLarge
             open_containers.add(id(item))
+            limit = max(0, room)
             if kind is dict or (kind is not list and isinstance(item, Mapping)):
-                _push_mapping(stack, item)
+                complete = _push_mapping(stack, item, limit)
             else:
-                _push_sequence(stack, item)
+                complete = _push_sequence(stack, item, limit)
+            queued += min(width, limit)
+            if not complete:
+                reasons.append(f"stopped after {MAX_NODES} nodes (undercount)")
         elif isinstance(item, (bytes, bytearray, memoryview)):
             text, scale = _bytes_as_base64(item)
             skeleton.append('""')
@@ -226,11 +311,15 @@ def size_value(value: Any, estimator: Estimator) -> Size:
             long_bytes += round(len(text) * scale)
         elif isinstance(item, str):  # subclasses (enums...): the base-class conversion always gives an exact str
             stack.append(str.__str__(item))
+            queued += 1
         elif isinstance(item, (int, float)):
             stack.append(float.__float__(item) if isinstance(item, float) else int.__int__(item))
+            queued += 1
         else:
             # Every conversion counts as a node, so a value that converts to itself cannot loop forever.
             stack.append(_plain(item))
+            queued += 1
+        queued -= 1 if queued > 0 else 0
     text = "".join(skeleton)
     tokens = long_tokens + (estimate_cached(text, estimator) if text else 0)
     size = long_bytes + utf8_len(text)

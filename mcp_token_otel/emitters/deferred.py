@@ -1,9 +1,12 @@
 """Run a slow metrics sink off the MCP call path.
 
 The OpenTelemetry SDK spends 12-30 µs per recorded point (attribute cleaning and hashing, exemplar
-reservoirs) while the rest of the shim costs a few µs per message. ``DeferredSink`` queues each call
-with the caller's context (so trace-based exemplars still find their span) and a daemon thread
-replays them every ``interval`` seconds. The queue is bounded: past ``max_pending`` calls, new ones are
+reservoirs) while the rest of the shim costs a few µs per message. ``DeferredSink`` queues each call and
+a daemon thread replays them every ``interval`` seconds. Only a breach (a high or critical response)
+carries the caller's context, so its trace-based exemplar still finds its span; other points replay
+without one (an exemplar offer per point costs more than it helps). The replay runs in slices of
+``slice_size`` calls and yields the GIL between slices, so a burst never stalls the MCP calls running
+meanwhile for longer than one slice. The queue is bounded: past ``max_pending`` calls, new ones are
 dropped and counted, so a stalled sink can never grow memory without limit.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from ..core.measure import Measurement
+from ..core.risk import BREACH_TIERS
 
 
 class DeferredSink:
@@ -30,11 +35,13 @@ class DeferredSink:
         interval: float = 0.5,
         max_pending: int = 100_000,
         on_error: Callable[[str], None] | None = None,
+        slice_size: int = 64,
     ) -> None:
         self._sink = sink
         self._interval = interval
         self._max_pending = max_pending
         self._on_error = on_error
+        self._slice = max(1, slice_size)
         self._pending: deque[tuple[str, tuple[Any, ...], Any]] = deque()
         self._drain_lock = threading.Lock()
         self._enqueue_lock = threading.Lock()
@@ -47,8 +54,8 @@ class DeferredSink:
         self._thread.start()
         atexit.register(self.close)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
 
-    def _enqueue(self, name: str, *args: Any) -> None:
-        item = (name, args, otel_context.get_current())
+    def _enqueue(self, name: str, *args: Any, context: Any = None) -> None:
+        item = (name, args, context)
         with self._enqueue_lock:  # the bound and the drop count stay exact with many producers
             if len(self._pending) >= self._max_pending:
                 self.dropped += 1
@@ -56,10 +63,11 @@ class DeferredSink:
             self._pending.append(item)
 
     def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
-        self._enqueue("record_message", side, method, tool, direction, m)
+        context = otel_context.get_current() if m.risk_tier in BREACH_TIERS else None
+        self._enqueue("record_message", side, method, tool, direction, m, context=context)
 
     def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        self._enqueue("record_breach", side, method, tool, tier)
+        self._enqueue("record_breach", side, method, tool, tier, context=otel_context.get_current())
 
     def record_transition(self, side: str, state: str) -> None:
         self._enqueue("record_transition", side, state)
@@ -74,16 +82,24 @@ class DeferredSink:
         """Replay everything queued so far (the thread does this every interval)."""
         with self._drain_lock:
             # What is queued now, not what producers add meanwhile: a flush always ends.
-            for _ in range(len(self._pending)):
-                name, args, ctx = self._pending.popleft()
-                token = otel_context.attach(ctx)
-                try:
-                    getattr(self._sink, name)(*args)
-                except Exception:
-                    if self._on_error is not None and name != "record_error":
-                        self._on_error("metrics")
-                finally:
-                    otel_context.detach(token)
+            remaining = len(self._pending)
+            while remaining > 0:
+                for _ in range(min(self._slice, remaining)):
+                    self._replay(*self._pending.popleft())
+                remaining -= self._slice
+                if remaining > 0:
+                    time.sleep(0)  # let the MCP calls waiting on the GIL run between slices
+
+    def _replay(self, name: str, args: tuple[Any, ...], ctx: Any) -> None:
+        token = otel_context.attach(ctx) if ctx is not None else None
+        try:
+            getattr(self._sink, name)(*args)
+        except Exception:
+            if self._on_error is not None and name != "record_error":
+                self._on_error("metrics")
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

@@ -3,12 +3,14 @@ and alerts work through a Collector too."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from opentelemetry import metrics
 
 from ..core.measure import Measurement
+from .aggregate import CountFamily
 from .semconv import (
     A_METHOD,
     A_RISK_TIER,
@@ -38,7 +40,12 @@ class MetricsSink(Protocol):
 
 
 class OtelMetricsSink:
-    """A :class:`MetricsSink` on an OpenTelemetry Meter."""
+    """A :class:`MetricsSink` on an OpenTelemetry Meter.
+
+    The SDK costs ~20 µs per synchronous point (attribute cleaning, hashing, exemplar offers), so only the
+    histograms are synchronous, one point per message (plus the overhead ratio of a response). Counters
+    are pre-aggregated here (a dict increment) and reported through observable instruments at collection.
+    """
 
     def __init__(
         self,
@@ -52,6 +59,23 @@ class OtelMetricsSink:
         meter = provider.get_meter(SCOPE_NAME, version)
         self._states = states
         self._rate_budgets = dict(rate_budgets or {})
+        lock = threading.Lock()
+        self._token_sums = CountFamily(lock, _no_labels)
+        self._breach_counts = CountFamily(lock, _no_labels)
+        self._response_counts = CountFamily(lock, _no_labels)
+        self._transition_counts = CountFamily(lock, _no_labels)
+        self._error_counts = CountFamily(lock, _no_labels)
+        self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
+        self._deferred: Any = None
+        # Collection runs observable callbacks (in creation order) before it reads the synchronous
+        # instruments, so this one, created first, drains a DeferredSink's queue before anything is read:
+        # every export (and the final one at shutdown) is complete.
+        meter.create_observable_counter(
+            "mcp_token.instrumentation.dropped",
+            callbacks=[self._drain_and_observe],
+            unit="{point}",
+            description="Metric points dropped because the background recorder's queue was full.",
+        )
         self._tokens = meter.create_histogram(
             "mcp_token.message.tokens",
             unit="{token}",
@@ -71,8 +95,11 @@ class OtelMetricsSink:
             explicit_bucket_boundaries_advisory=UTILIZATION_BUCKETS,
         )
         # The same families as the Prometheus endpoint, so dashboards and alerts work through a Collector.
-        self._token_total = meter.create_counter(
-            "mcp_token.tokens", unit="{token}", description="Estimated tokens of MCP messages."
+        meter.create_observable_counter(
+            "mcp_token.tokens",
+            callbacks=[self._observer(self._token_sums)],
+            unit="{token}",
+            description="Estimated tokens of MCP messages.",
         )
         meter.create_observable_gauge(
             "mcp_token.sessions",
@@ -86,29 +113,38 @@ class OtelMetricsSink:
             unit="{token}/s",
             description="Configured sustained output-token budget (for alerting).",
         )
-        self._breaches = meter.create_counter(
-            "mcp_token.risk.breaches", unit="{message}", description="Responses in the high or critical tier."
+        meter.create_observable_counter(
+            "mcp_token.responses",
+            callbacks=[self._observer(self._response_counts)],
+            unit="{message}",
+            description="Responses per risk tier.",
         )
-        self._transitions = meter.create_counter(
+        meter.create_observable_counter(
+            "mcp_token.risk.breaches",
+            callbacks=[self._observer(self._breach_counts)],
+            unit="{message}",
+            description="Responses in the high or critical tier.",
+        )
+        meter.create_observable_counter(
             "mcp_token.session.transitions",
+            callbacks=[self._observer(self._transition_counts)],
             unit="{transition}",
             description="Sessions entering the warning or exhausted budget state.",
         )
-        self._errors = meter.create_counter(
+        meter.create_observable_counter(
             "mcp_token.instrumentation.errors",
+            callbacks=[self._observer(self._error_counts)],
             unit="{error}",
             description="Faults inside the instrumentation (the MCP call itself went on).",
         )
-        self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
-        self._deferred: Any = None
-        # Collection runs observable callbacks before it reads the synchronous instruments, so this one
-        # drains a DeferredSink's queue first: every export (and the final one at shutdown) is complete.
-        meter.create_observable_counter(
-            "mcp_token.instrumentation.dropped",
-            callbacks=[self._drain_and_observe],
-            unit="{point}",
-            description="Metric points dropped because the background recorder's queue was full.",
-        )
+
+    @staticmethod
+    def _observer(family: CountFamily) -> Callable[[Any], Iterator[metrics.Observation]]:
+        def observe(_options: Any) -> Iterator[metrics.Observation]:
+            for attrs, value in family.values():
+                yield metrics.Observation(value, dict(attrs))
+
+        return observe
 
     def _observe_sessions(self, _options: Any) -> Iterator[metrics.Observation]:
         if self._states is None:
@@ -131,50 +167,43 @@ class OtelMetricsSink:
             deferred.flush()
         yield metrics.Observation(deferred.dropped if deferred is not None else 0)
 
-    def _cached(self, key: tuple[Any, ...], build: Callable[[], dict[str, str]]) -> dict[str, str]:
+    def _message_attrs(self, side: str, method: str, tool: str | None, direction: str) -> dict[str, str]:
         # Attribute dicts are reused: building them per call shows up in the per-call overhead.
+        key = (side, method, tool, direction)
         attrs = self._attrs.get(key)
         if attrs is None:
             if len(self._attrs) > 4096:
                 self._attrs.clear()
-            attrs = self._attrs[key] = build()
+            attrs = {M_SIDE: side, A_METHOD: method, M_DIRECTION: direction}
+            if tool is not None:
+                attrs[A_TOOL] = tool
+            self._attrs[key] = attrs
         return attrs
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
     ) -> None:
-        tier = measurement.risk_tier
-
-        def build() -> dict[str, str]:
-            attrs = {M_SIDE: side, A_METHOD: method, M_DIRECTION: direction, A_RISK_TIER: tier}
-            if tool is not None:
-                attrs[A_TOOL] = tool
-            return attrs
-
-        attrs = self._cached(("m", side, method, tool, direction, tier), build)
+        attrs = self._message_attrs(side, method, tool, direction)
         self._tokens.record(measurement.total_tokens, attrs)
-
-        def build_total() -> dict[str, str]:
-            return {k: v for k, v in attrs.items() if k != A_RISK_TIER}
-
-        self._token_total.add(measurement.total_tokens, self._cached(("t", side, method, tool, direction), build_total))
+        self._token_sums.add(tuple(attrs.items()), measurement.total_tokens)
         if direction == "output":
             self._overhead.record(measurement.overhead_ratio, attrs)
+            tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier))
+            self._response_counts.add(tier + (((A_TOOL, tool),) if tool is not None else ()))
 
     def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        def build() -> dict[str, str]:
-            attrs = {M_SIDE: side, A_METHOD: method, A_RISK_TIER: tier}
-            if tool is not None:
-                attrs[A_TOOL] = tool
-            return attrs
-
-        self._breaches.add(1, self._cached(("b", side, method, tool, tier), build))
+        attrs = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, tier))
+        self._breach_counts.add(attrs + (((A_TOOL, tool),) if tool is not None else ()))
 
     def record_transition(self, side: str, state: str) -> None:
-        self._transitions.add(1, {M_SIDE: side, A_SESSION_STATE: state})
+        self._transition_counts.add(((M_SIDE, side), (A_SESSION_STATE, state)))
 
     def record_session_end(self, side: str, utilization: float) -> None:
         self._utilization.record(utilization, {M_SIDE: side})
 
     def record_error(self, stage: str) -> None:
-        self._errors.add(1, {M_STAGE: stage})
+        self._error_counts.add(((M_STAGE, stage),))
+
+
+def _no_labels(key: Any) -> tuple[str, ...]:
+    return ()

@@ -1,39 +1,49 @@
 """Prometheus metric families (prometheus-client) fed by the recorder, as a metrics sink.
 
 Families (prefix ``mcp_token_``; documented in README):
-    message_tokens                   histogram  side, method, tool, direction, risk_tier
-    tokens_total                     counter    side, method, tool, direction
+    message_tokens                   histogram  side, method, tool, direction
+    tokens_total                     counter    side, method, tool, direction   (the histogram's sum)
+    responses_total                  counter    side, method, tool, risk_tier   (output messages per tier)
     risk_breaches_total              counter    side, method, tool, risk_tier (high, critical)
     overhead_ratio                   histogram  side, method, tool           (output messages)
     session_utilization_ratio        histogram  side                          (observed at session end)
     sessions                         gauge      side, state                   (live sessions per state)
     session_transitions_total        counter    side, state                   (warning, exhausted)
     instrumentation_errors_total     counter    stage
-    output_rate_budget_per_second    gauge      scope (tool, service)         (configured, for alerting)
+    output_rate_budget_tokens_per_second  gauge      scope (tool, service)         (configured, for alerting)
 
 Cardinality: no session id ever; tool and method values arrive bounded by the recorder's limiters and are
-sanitised here (length, control characters, invalid UTF-8). Histograms carry a ``trace_id`` exemplar
-when a span is recording (rendered when the scraper negotiates OpenMetrics). With
-``PROMETHEUS_MULTIPROC_DIR`` set (multi-worker servers) the values live in prometheus-client's shared
-files, serve with :func:`multiprocess_registry`, and exemplars are off (the client does not support them
-there).
+sanitised here (length, control characters, invalid UTF-8). A risk tier is derivable from the token value,
+so the token histogram carries none: ``responses_total`` counts responses per tier with one line per series.
+
+Cost: a message is a few dict increments in :mod:`.aggregate`; a scrape renders the series from there (no
+``_created`` series unless ``created_series``). A breach (high or critical response) leaves a ``trace_id``
+exemplar on its bucket, rendered when the scraper negotiates OpenMetrics. With ``PROMETHEUS_MULTIPROC_DIR``
+set (multi-worker servers) the values live in prometheus-client's shared files instead (same families and
+labels), serve with :func:`multiprocess_registry`; exemplars are off there (the client does not support
+them).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar, Sample
+from prometheus_client.utils import floatToGoString
 
 from ..core.budget import BUDGET_STATES
 from ..core.measure import Measurement
-from ..core.risk import BREACH_TIERS
+from ..core.risk import BREACH_TIERS, RISK_TIERS
+from .aggregate import CountFamily, HistFamily
 from .semconv import RATIO_BUCKETS, TOKEN_BUCKETS, UTILIZATION_BUCKETS  # one set of buckets for both paths
 
 PREFIX = "mcp_token"
@@ -52,6 +62,14 @@ def label_value(value: str | None) -> str:
         return ""
     text = value.encode("utf-8", "replace").decode("utf-8")
     return _CONTROL.sub("_", text)[:MAX_LABEL_CHARS]
+
+
+def _escape_value(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
 def multiprocess_mode() -> bool:
@@ -88,8 +106,123 @@ def _exemplar() -> dict[str, str] | None:
     return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
 
 
+_MESSAGE_LABELS = ("side", "method", "tool", "direction")
+_TOOL_LABELS = ("side", "method", "tool")
+_TIER_LABELS = ("side", "method", "tool", "risk_tier")
+_HELP = {
+    "message_tokens": "Estimated tokens of one MCP message (input: request params; output: the response).",
+    "tokens": "Estimated tokens of MCP messages.",
+    "responses": "Output messages per risk tier.",
+    "breaches": "Output messages in the high or critical risk tier.",
+    "overhead": "Share of an output message's tokens that is overhead (framing, _meta, duplicated content).",
+    "utilization": "Share of the context window a session had used when it ended.",
+    "transitions": "Sessions entering a context-window budget state.",
+    "errors": "Faults caught inside the instrumentation; the MCP call itself went on.",
+    "budget": "Configured sustained output-token budget, in tokens per second (for alerting).",
+    "sessions": "Live MCP sessions per context-window budget state.",
+}
+
+
+def _message_labels(key: tuple[str, str, str | None, str]) -> tuple[str, ...]:
+    side, method, tool, direction = key
+    return side, label_value(method), label_value(tool), direction
+
+
+def _tool_labels(key: tuple[str, str, str | None]) -> tuple[str, ...]:
+    side, method, tool = key
+    return side, label_value(method), label_value(tool)
+
+
+def _tier_labels(key: tuple[str, str, str | None, str]) -> tuple[str, ...]:
+    side, method, tool, tier = key
+    return side, label_value(method), label_value(tool), tier
+
+
+def _plain_labels(key: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(label_value(v) for v in key)
+
+
+class _AggregateCollector(Collector):
+    """Renders the pre-aggregated families on scrape (cumulative buckets computed here, not per message)."""
+
+    def __init__(self, sink: PrometheusMetrics, created: bool) -> None:
+        self._sink = sink
+        self._created = created
+
+    def _histogram(self, name: str, doc: str, names: tuple[str, ...], family: HistFamily) -> Metric:
+        metric = Metric(name, doc, "histogram")
+        samples = metric.samples
+        les = [floatToGoString(b) for b in family.bounds] + ["+Inf"]
+        bucket, total, count, created = f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"
+        for labels, buckets, value_sum, value_count, created_at, exemplars in family.snapshot():
+            base = dict(zip(names, labels, strict=True))
+            running = 0
+            for index, le in enumerate(les):
+                running += buckets[index]
+                exemplar = None
+                if exemplars is not None and index in exemplars:
+                    ex_labels, ex_value, ex_time = exemplars[index]
+                    exemplar = Exemplar(ex_labels, ex_value, ex_time)
+                samples.append(Sample(bucket, {**base, "le": le}, running, None, exemplar))
+            samples.append(Sample(count, base, value_count))
+            samples.append(Sample(total, base, value_sum))
+            if self._created:
+                samples.append(Sample(created, base, created_at))
+        return metric
+
+    def _counter(self, name: str, doc: str, rows: list[tuple[dict[str, str], float, float]]) -> Metric:
+        metric = Metric(name, doc, "counter")
+        for labels, value, created_at in rows:
+            metric.samples.append(Sample(f"{name}_total", labels, value))
+            if self._created:
+                metric.samples.append(Sample(f"{name}_created", labels, created_at))
+        return metric
+
+    @staticmethod
+    def _rows(names: tuple[str, ...], family: CountFamily) -> list[tuple[dict[str, str], float, float]]:
+        return [(dict(zip(names, labels, strict=True)), value, created) for labels, value, created in family.snapshot()]
+
+    def collect(self) -> Iterator[Metric]:
+        sink = self._sink
+        yield self._histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens)
+        # tokens_total is the histogram's sum, kept as a counter for the queries and rules that use it.
+        yield self._counter(
+            f"{PREFIX}_tokens",
+            _HELP["tokens"],
+            [
+                (dict(zip(_MESSAGE_LABELS, labels, strict=True)), value_sum, created)
+                for labels, _b, value_sum, _c, created, _e in sink._tokens.snapshot()
+            ],
+        )
+        responses = self._rows(_TIER_LABELS, sink._responses)
+        yield self._counter(f"{PREFIX}_responses", _HELP["responses"], responses)
+        yield self._counter(
+            f"{PREFIX}_risk_breaches",
+            _HELP["breaches"],
+            [row for row in responses if row[0]["risk_tier"] in BREACH_TIERS],
+        )
+        yield self._histogram(f"{PREFIX}_overhead_ratio", _HELP["overhead"], _TOOL_LABELS, sink._overhead)
+        yield self._histogram(
+            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], ("side",), sink._utilization
+        )
+        yield self._counter(
+            f"{PREFIX}_session_transitions", _HELP["transitions"], self._rows(("side", "state"), sink._transitions)
+        )
+        yield self._counter(
+            f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(("stage",), sink._errors)
+        )
+        budget = GaugeMetricFamily(f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope"])
+        for scope, value in sink.rate_budgets.items():
+            budget.add_metric([scope], value)
+        yield budget
+
+
 class PrometheusMetrics:
-    """A recorder metrics sink writing prometheus-client families into ``registry``."""
+    """A recorder metrics sink whose families are scraped from ``registry``.
+
+    ``created_series`` (config ``prometheus.created_series``) adds the ``_created`` series of every counter
+    and histogram (off by default: one more line per series that no dashboard or rule reads).
+    """
 
     def __init__(
         self,
@@ -98,79 +231,171 @@ class PrometheusMetrics:
         states: StatesFn | None = None,
         tool_output_rate_budget: float = 100.0,
         service_output_rate_budget: float = 500.0,
+        created_series: bool = False,
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self._multiprocess = multiprocess_mode()
         self._states = states
-        r = self.registry
-        self.message_tokens = Histogram(
-            f"{PREFIX}_message_tokens",
-            "Estimated tokens of one MCP message (input: request params; output: the response).",
-            ["side", "method", "tool", "direction", "risk_tier"], buckets=TOKEN_BUCKETS, registry=r,
-        )
-        self.tokens = Counter(
-            f"{PREFIX}_tokens", "Estimated tokens of MCP messages.",
-            ["side", "method", "tool", "direction"], registry=r,
-        )
-        self.breaches = Counter(
-            f"{PREFIX}_risk_breaches", "Output messages in the high or critical risk tier.",
-            ["side", "method", "tool", "risk_tier"], registry=r,
-        )
-        self.overhead = Histogram(
-            f"{PREFIX}_overhead_ratio",
-            "Share of an output message's tokens that is overhead (framing, _meta, duplicated content).",
-            ["side", "method", "tool"], buckets=RATIO_BUCKETS, registry=r,
-        )
-        self.utilization = Histogram(
-            f"{PREFIX}_session_utilization_ratio",
-            "Share of the context window a session had used when it ended.",
-            ["side"], buckets=UTILIZATION_BUCKETS, registry=r,
-        )
-        self.transitions = Counter(
-            f"{PREFIX}_session_transitions", "Sessions entering a context-window budget state.",
-            ["side", "state"], registry=r,
-        )
-        self.errors = Counter(
-            f"{PREFIX}_instrumentation_errors",
-            "Faults caught inside the instrumentation; the MCP call itself went on.", ["stage"], registry=r,
-        )
-        budget = Gauge(
-            f"{PREFIX}_output_rate_budget_per_second",
-            "Configured sustained output-token budget, in tokens per second (for alerting).",
-            ["scope"], registry=r, multiprocess_mode="max",
-        )
-        budget.labels("tool").set(tool_output_rate_budget)
-        budget.labels("service").set(service_output_rate_budget)
-        self._series: dict[tuple[str, str, str | None, str, str], tuple[Any, ...]] = {}
-        self._live_sessions: Gauge | None = None
+        self.rate_budgets = {"tool": tool_output_rate_budget, "service": service_output_rate_budget}
+        self._created = created_series
+        if self._multiprocess:
+            self._files: _SharedFileFamilies | None = _SharedFileFamilies(self.registry, states, self.rate_budgets)
+            return
+        self._files = None
+        self._created = created_series
+        self._rendered: dict[tuple[str, ...], str] = {}
+        lock = threading.Lock()
+        self._tokens = HistFamily(TOKEN_BUCKETS, lock, _message_labels)
+        self._overhead = HistFamily(RATIO_BUCKETS, lock, _tool_labels)
+        self._utilization = HistFamily(UTILIZATION_BUCKETS, lock, _plain_labels)
+        self._responses = CountFamily(lock, _tier_labels)
+        self._transitions = CountFamily(lock, _plain_labels)
+        self._errors = CountFamily(lock, _plain_labels)
+        self._known_outputs: set[tuple[str, str, str | None]] = set()
+        self.registry.register(_AggregateCollector(self, created_series))
         if states is not None:
-            if self._multiprocess:
-                # Shared files cannot call back into each worker: each sets its own counts, summed.
-                self._live_sessions = Gauge(
-                    f"{PREFIX}_sessions", "Live MCP sessions per context-window budget state.",
-                    ["side", "state"], registry=r, multiprocess_mode="livesum",
-                )
-            else:
-                r.register(_SessionsCollector(states))
+            self.registry.register(_SessionsCollector(states))
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
+        self._errors.touch(("estimate",))
+        for side in ("client", "server"):
+            for state in ("warning", "exhausted"):
+                self._transitions.touch((side, state))
+
+    def exposition(self) -> bytes:
+        """The registry's Prometheus text exposition (format 0.0.4), rendered here several times faster than
+        ``generate_latest``: label strings are built once per series, not validated and escaped per line.
+        Same families, series and values (a test compares both). Exemplars need OpenMetrics: serve
+        ``generate_latest``/the OpenMetrics encoder when the scraper asks for it."""
+        if self._files is not None or self._created:  # the client's own layout for these (_created families)
+            from prometheus_client import generate_latest
+
+            return generate_latest(self.registry)
+        out: list[str] = []
+        for metric in self.registry.collect():
+            name = metric.name
+            # As generate_latest writes them: the text format names a counter family with its _total.
+            family = f"{name}_total" if metric.type == "counter" else name
+            kind = metric.type if metric.type in ("counter", "gauge", "histogram", "summary") else "untyped"
+            out.append(f"# HELP {family} {_escape_help(metric.documentation)}\n# TYPE {family} {kind}\n")
+            cache = self._rendered
+            for sample in metric.samples:
+                labels = sample.labels
+                if labels:
+                    le = labels.get("le")
+                    if le is None:
+                        key = (name, *labels.values())
+                    else:
+                        key = (name, *(v for k, v in labels.items() if k != "le"))
+                    text = cache.get(key)
+                    if text is None:
+                        text = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels.items() if k != "le")
+                        if len(cache) >= _MAX_CACHED_SERIES * 4:
+                            cache.clear()
+                        cache[key] = text
+                    if le is not None:
+                        text = f'{text},le="{le}"' if text else f'le="{le}"'
+                    out.append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+                else:
+                    out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+        return "".join(out).encode("utf-8")
+
+    def record_message(
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
+    ) -> None:
+        if self._files is not None:
+            self._files.record_message(side, method, tool, direction, measurement)
+            return
+        tier = measurement.risk_tier
+        breach = tier in BREACH_TIERS
+        # Exemplars where they help: a breach links its bucket to the trace that caused it.
+        self._tokens.observe((side, method, tool, direction), measurement.total_tokens, _exemplar() if breach else None)
+        if direction == "output":
+            key = (side, method, tool)
+            self._overhead.observe(key, measurement.overhead_ratio)
+            if key not in self._known_outputs:  # breach series exist at 0 before a first breach, for increase()
+                if len(self._known_outputs) >= 10_000:
+                    self._known_outputs.clear()
+                self._known_outputs.add(key)
+                for breach_tier in _BREACH_TIERS:
+                    self._responses.touch((side, method, tool, breach_tier))
+            self._responses.add((side, method, tool, tier))
+
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
+        if self._files is not None:
+            self._files.breaches.labels(side, label_value(method), label_value(tool), tier).inc()
+        # Otherwise derived from responses_total (the high and critical tiers): nothing to record twice.
+
+    def record_transition(self, side: str, state: str) -> None:
+        if self._files is not None:
+            self._files.transitions.labels(side, state).inc()
+        else:
+            self._transitions.add((side, state))
+
+    def record_session_end(self, side: str, utilization: float) -> None:
+        if self._files is not None:
+            self._files.utilization.labels(side).observe(utilization)
+        else:
+            self._utilization.observe((side,), utilization)
+
+    def record_error(self, stage: str) -> None:
+        if self._files is not None:
+            self._files.errors.labels(label_value(stage)).inc()
+        else:
+            self._errors.add((stage,))
+
+
+class _SharedFileFamilies:
+    """Multiprocess mode: the same families as prometheus-client objects (their values live in shared files)."""
+
+    def __init__(self, r: CollectorRegistry, states: StatesFn | None, rate_budgets: Mapping[str, float]) -> None:
+        self._states = states
+        self.message_tokens = Histogram(
+            f"{PREFIX}_message_tokens", _HELP["message_tokens"], list(_MESSAGE_LABELS), buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(f"{PREFIX}_tokens", _HELP["tokens"], list(_MESSAGE_LABELS), registry=r)
+        self.responses = Counter(f"{PREFIX}_responses", _HELP["responses"], list(_TIER_LABELS), registry=r)
+        self.breaches = Counter(f"{PREFIX}_risk_breaches", _HELP["breaches"], list(_TIER_LABELS), registry=r)
+        self.overhead = Histogram(
+            f"{PREFIX}_overhead_ratio", _HELP["overhead"], list(_TOOL_LABELS), buckets=RATIO_BUCKETS, registry=r
+        )
+        self.utilization = Histogram(
+            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], ["side"], buckets=UTILIZATION_BUCKETS,
+            registry=r,
+        )
+        self.transitions = Counter(f"{PREFIX}_session_transitions", _HELP["transitions"], ["side", "state"], registry=r)
+        self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], ["stage"], registry=r)
+        budget = Gauge(
+            f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], ["scope"], registry=r,
+            multiprocess_mode="max",
+        )
+        for scope, value in rate_budgets.items():
+            budget.labels(scope).set(value)
+        # Shared files cannot call back into each worker: each sets its own counts, summed.
+        self.live_sessions = Gauge(
+            f"{PREFIX}_sessions", _HELP["sessions"], ["side", "state"], registry=r, multiprocess_mode="livesum"
+        )
+        self._series: dict[tuple[str, str, str | None, str], tuple[Any, ...]] = {}
         self.errors.labels("estimate")
         for side in ("client", "server"):
             for state in ("warning", "exhausted"):
                 self.transitions.labels(side, state)
 
-    def _children(self, side: str, method: str, tool: str | None, direction: str, tier: str) -> tuple[Any, ...]:
+    def _children(self, side: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
         """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
-        key = (side, method, tool, direction, tier)
+        key = (side, method, tool, direction)
         children = self._series.get(key)
         if children is None:
             method_label, tool_label = label_value(method), label_value(tool)
+            output = direction == "output"
             children = (
-                self.message_tokens.labels(side, method_label, tool_label, direction, tier),
+                self.message_tokens.labels(side, method_label, tool_label, direction),
                 self.tokens.labels(side, method_label, tool_label, direction),
-                self.overhead.labels(side, method_label, tool_label) if direction == "output" else None,
+                self.overhead.labels(side, method_label, tool_label) if output else None,
+                {t: self.responses.labels(side, method_label, tool_label, t) for t in RISK_TIERS} if output else None,
             )
-            if direction == "output":
+            if output:
                 for breach_tier in _BREACH_TIERS:  # exist at 0 before a first breach, for increase()
                     self.breaches.labels(side, method_label, tool_label, breach_tier)
             if len(self._series) >= _MAX_CACHED_SERIES:  # labels are bounded upstream; this bounds the cache too
@@ -178,28 +403,14 @@ class PrometheusMetrics:
             self._series[key] = children
         return children
 
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
-    ) -> None:
-        tokens_hist, tokens_total, overhead = self._children(side, method, tool, direction, measurement.risk_tier)
-        exemplar = None if self._multiprocess else _exemplar()
-        tokens_hist.observe(measurement.total_tokens, exemplar)
-        tokens_total.inc(measurement.total_tokens)
+    def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
+        tokens_hist, tokens_total, overhead, responses = self._children(side, method, tool, direction)
+        tokens_hist.observe(m.total_tokens)
+        tokens_total.inc(m.total_tokens)
         if overhead is not None:
-            overhead.observe(measurement.overhead_ratio, exemplar)
-        if self._live_sessions is not None and self._states is not None:
+            overhead.observe(m.overhead_ratio)
+            responses[m.risk_tier].inc()
+        if self._states is not None:
             for session_side, counts in self._states().items():
                 for state in BUDGET_STATES:
-                    self._live_sessions.labels(session_side, state).set(counts.get(state, 0))
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        self.breaches.labels(side, label_value(method), label_value(tool), tier).inc()
-
-    def record_transition(self, side: str, state: str) -> None:
-        self.transitions.labels(side, state).inc()
-
-    def record_session_end(self, side: str, utilization: float) -> None:
-        self.utilization.labels(side).observe(utilization)
-
-    def record_error(self, stage: str) -> None:
-        self.errors.labels(label_value(stage)).inc()
+                    self.live_sessions.labels(session_side, state).set(counts.get(state, 0))

@@ -39,9 +39,11 @@ M_SCOPE = "mcp_token.scope"
 EVENT_RISK = "mcp_token.risk"
 EVENT_BUDGET = "mcp_token.budget"
 
-#: Powers of 4 from 1 to 64 Mi tokens, as in the GenAI token usage convention.
-TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(14))
-RATIO_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+#: Powers of 4 from 16 to 4 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
+#: message under 16 tokens or over 4 Mi needs no finer bucket), which keeps /metrics small at 100 tools.
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(2, 12))
+#: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
+RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 
 

@@ -134,7 +134,7 @@ def test_otlp_http_export(receiver: Receiver) -> None:
     } <= set(metrics)
     tokens = metrics["mcp_token.message.tokens"]
     assert sum(p.count for p in tokens) == 2
-    assert list(tokens[0].explicit_bounds)[:3] == [1.0, 4.0, 16.0]
+    assert list(tokens[0].explicit_bounds)[:3] == [16.0, 64.0, 256.0]
     for points in metrics.values():
         for p in points:
             assert "sess" not in {str(v) for v in _attrs(p.attributes).values()}

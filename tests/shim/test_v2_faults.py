@@ -233,3 +233,26 @@ def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
         uninstrument()
     assert got == expected and exporter.attempts >= len(SCRIPT)
     assert recorder is not None and "span" not in recorder.error_counts
+
+
+@pytest.mark.parametrize("transport", ["memory-auto", "memory-legacy"])
+def test_a_failing_result_conversion_never_breaks_the_call(
+    otel: Otel, transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Converting the handler's result for measurement is inside the never-break boundary (server side)."""
+    import mcp_token_otel.adapters.mcp_v2 as v2
+
+    expected = baseline(transport)
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert recorder is not None
+
+    def broken(model: Any) -> Any:
+        raise RuntimeError("cannot convert")
+
+    monkeypatch.setattr(v2, "wire_dict", broken)
+    try:
+        got, _ = session(transport)
+    finally:
+        uninstrument()
+    assert got == expected
+    assert recorder.error_counts["estimate"] > 0  # the conversion really failed, and was contained
