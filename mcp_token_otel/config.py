@@ -276,15 +276,18 @@ def _leaf_type(path: tuple[str, ...]) -> Any:
     return cls
 
 
-def _env_scalar(raw: str) -> Any:
-    """A variable's value as a YAML scalar; anything else (a list, a mapping, unparsable or nested too deeply
-    to parse) stays the raw text, which the type check then rejects by name."""
+def _env_scalar(raw: str, mapping: bool = False) -> Any:
+    """A variable's value as a YAML scalar (or, for a key whose type is a mapping, a YAML flow mapping);
+    anything else (a list, a mapping where a scalar belongs, unparsable or nested too deeply to parse) stays
+    the raw text, which the type check then rejects by name."""
     if not raw.strip():
         return None
     try:
         value = yaml.safe_load(raw)
     except (yaml.YAMLError, RecursionError):
         return raw
+    if mapping and isinstance(value, dict):
+        return value
     return value if isinstance(value, (bool, int, float, str)) or value is None else raw
 
 
@@ -310,10 +313,11 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
             close = difflib.get_close_matches(name, list(known), n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise ConfigError(f"unknown environment variable {name}{hint}")
-        if _leaf_type(known[name]) is str:
+        leaf_type = _leaf_type(known[name])
+        if leaf_type is str:
             value: Any = raw  # kept verbatim: a password "12345678" or a host "0x1F" is text, not a number
         else:
-            value = _env_scalar(raw)
+            value = _env_scalar(raw, mapping=typing.get_origin(leaf_type) in (dict, Mapping))
         *parents, leaf = known[name]
         node = data
         for part in parents:
