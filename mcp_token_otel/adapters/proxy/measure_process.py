@@ -37,7 +37,7 @@ from .telemetry import StartupError
 logger = logging.getLogger("mcp_token_otel.proxy")
 
 HEADER = struct.Struct("<BIIQ")
-NEW_TRACKER, NEW_STREAM, DATA, FINISH, CLOSE_TRACKER, SET_TRACKER, LOST, DROPPED = range(1, 9)
+NEW_TRACKER, NEW_STREAM, DATA, FINISH, CLOSE_TRACKER, SET_TRACKER, LOST, DROPPED, INJECT = range(1, 10)
 READY = b"ready\n"
 
 
@@ -120,6 +120,9 @@ class RemoteMeasurer:
 
     def set_tracker(self, tracker: RemoteTracker, **attrs: Any) -> None:
         self._control(SET_TRACKER, tracker.id, json.dumps(attrs).encode())
+
+    def inject(self, tracker: RemoteTracker, request_id: Any, trace_id: int, span_id: int) -> None:
+        self._control(INJECT, tracker.id, json.dumps([request_id, f"{trace_id:032x}", f"{span_id:016x}"]).encode())
 
     def _control(self, op: int, ident: int, payload: bytes) -> None:
         if self._loop is None:
@@ -321,6 +324,11 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
                 stream = streams.get(ident)
                 if stream is not None:
                     stream.lost = True
+            elif op == INJECT:
+                tracker = trackers.get(ident)
+                if tracker is not None:
+                    request_id, trace_id, span_id = json.loads(payload)
+                    tracker.inject(request_id, int(trace_id, 16), int(span_id, 16))
             elif op == DROPPED:
                 stats.remote_dropped = tuple(json.loads(payload))
         except Exception:  # a fault in measuring never stops it
