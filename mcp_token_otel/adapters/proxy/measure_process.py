@@ -83,6 +83,8 @@ class RemoteMeasurer:
         self._backlog: collections.deque[memoryview] = collections.deque()
         self._backlog_bytes = 0
         self.max_backlog = self.queue.max_bytes
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     # ------------------------------------------------------------------ relay side (never blocks)
 
@@ -102,7 +104,7 @@ class RemoteMeasurer:
             return
         if self._loop is None:
             self.queue.put(stream, chunk)
-        elif self._backlog_bytes + len(chunk) > self.max_backlog:
+        elif self._backlog_bytes + self._pending_bytes + len(chunk) > self.max_backlog:
             self.queue.dropped_chunks += 1  # counted where the thread mode counts it
             self.queue.dropped_bytes += len(chunk)
             stream.lost = True
@@ -141,9 +143,10 @@ class RemoteMeasurer:
 
     def detach_loop(self, timeout: float = 10.0) -> None:
         """The loop is stopping: write the backlog out (for at most ``timeout``) and go back to the thread."""
-        loop, self._loop = self._loop, None
-        if loop is None:
+        if self._loop is None:
             return
+        self._write_pending()
+        loop, self._loop = self._loop, None
         fd = self._pipe.fileno()
         with contextlib.suppress(Exception):
             loop.remove_writer(fd)
@@ -162,9 +165,24 @@ class RemoteMeasurer:
         self._backlog_bytes = 0
 
     def _loop_write(self, op: int, ident: int, payload: bytes) -> None:
+        # Records of one loop iteration go out in one write, after the relay's own writes of that iteration
+        # (call_soon): fewer syscalls and fewer wake-ups of the measuring process per request.
         if self._broken:
             return
-        record = HEADER.pack(op, ident, len(payload), time.time_ns()) + payload
+        if not self._pending:
+            self._loop.call_soon(self._write_pending)
+        self._pending.append(HEADER.pack(op, ident, len(payload), time.time_ns()))
+        if payload:
+            self._pending.append(payload)
+            self._pending_bytes += len(payload)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        self._pending_bytes = 0
+        if pending and not self._broken:
+            self._write_record(b"".join(pending))
+
+    def _write_record(self, record: bytes) -> None:
         if self._backlog:
             self._backlog.append(memoryview(record))
             self._backlog_bytes += len(record)
