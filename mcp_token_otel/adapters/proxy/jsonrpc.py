@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -344,6 +345,9 @@ class _FixedIds:
     def generate_span_id(self) -> int:
         return self.span_id
 
+    def is_trace_id_random(self) -> bool:
+        return True  # drawn from SystemRandom by the relay
+
 
 def _start_with_ids(tracer: Any, ids: tuple[int, int], name: str, kind: SpanKind, attrs: dict[str, Any],
                     now: int) -> Span:
@@ -356,7 +360,7 @@ def _start_with_ids(tracer: Any, ids: tuple[int, int], name: str, kind: SpanKind
     saved = sdk.id_generator
     sdk.id_generator = _FixedIds(*ids)
     try:
-        return sdk.start_span(name, context=None, kind=kind, attributes=attrs, start_time=now,
+        return sdk.start_span(name, context=Context(), kind=kind, attributes=attrs, start_time=now,
                               record_exception=False, set_status_on_exception=False)
     finally:
         sdk.id_generator = saved
