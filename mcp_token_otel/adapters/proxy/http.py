@@ -309,9 +309,9 @@ class Relay:
         task = asyncio.current_task()
         assert task is not None
         if len(self.connections) >= MAX_CONNECTIONS:
-            writer.write(_plain(503, b"Service Unavailable", b"mcp-token-otel proxy: too many connections\n", True))
-            with contextlib.suppress(Exception):
-                await writer.drain()
+            busy = b"mcp-token-otel proxy: too many connections\n"
+            await _refuse(writer, HttpError(503, "Service Unavailable"), busy)
+            await _linger(reader, writer)
             writer.close()
             return
         self.connections.add(task)
@@ -355,11 +355,13 @@ class Relay:
                     raise HttpError(400, "Bad Request")
                 method, target, version = parts
                 length, chunked, close = _framing(headers)
-            except asyncio.LimitOverrunError:
+            except (asyncio.LimitOverrunError, ValueError):  # (readuntil: ValueError once over the limit)
                 await _refuse(writer, HttpError(431, "Request Header Fields Too Large"))
+                await _linger(reader, writer)
                 return
             except HttpError as exc:
                 await _refuse(writer, exc)
+                await _linger(reader, writer)
                 return
             except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                 return  # too slow (aborted) or gone: closed without an answer
@@ -686,3 +688,18 @@ async def _refuse(writer: asyncio.StreamWriter, exc: HttpError, body: bytes | No
     with contextlib.suppress(Exception):
         writer.write(_plain(exc.status, exc.reason.encode("latin-1"), text, True))
         await writer.drain()
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After refusing: end our side and discard what the client still sends (bounded: 1 s, 1 MiB), so that
+    closing with unread input does not reset the connection before the client read the answer."""
+    with contextlib.suppress(Exception):
+        writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 1.0
+        left = 1 << 20
+        while left > 0 and loop.time() < deadline:
+            data = await asyncio.wait_for(reader.read(CHUNK), deadline - loop.time())
+            if not data:
+                break
+            left -= len(data)
