@@ -408,7 +408,14 @@ class Relay:
         if expect and (length or chunked):
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if length is not None and length <= SMALL_BODY:  # the usual POST: whole, then sent with the head
-            body = await reader.readexactly(length) if length else b""
+            try:
+                body = await reader.readexactly(length) if length else b""
+            except (asyncio.IncompleteReadError, ConnectionError):  # the client left mid-body
+                if up is not None:
+                    measurer.finish(up)
+                if tracker is not None and session_id is None:
+                    measurer.close_tracker(tracker)
+                return False, b""
             if self.injector is not None and tracker is not None and body:
                 new = self.injector.rewrite_body(tracker, body)
                 if new is not body:
