@@ -426,6 +426,8 @@ class Relay:
             out.append(b"content-length: %d\r\n" % length)
         elif chunked:
             out.append(b"transfer-encoding: chunked\r\n")
+        else:
+            body = b""  # GET, DELETE...: no body (and a retry on a fresh connection is safe)
         out.append(b"\r\n")
         head = b"".join(out)
         response_started = False
