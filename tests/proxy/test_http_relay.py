@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +20,8 @@ import pytest
 from mcp_token_otel.adapters.proxy import http as relay_module
 from mcp_token_otel.adapters.proxy.http import HttpProxy, Relay
 
-from .test_http import _serve, http_proxy
+from .conftest import free_port, wait_for
+from .test_http import _open, _serve, http_proxy
 
 
 async def _echo_app(scope: Any, receive: Any, send: Any) -> None:
@@ -159,3 +162,43 @@ def test_expect_continue_and_http10(echo_proxy: str) -> None:
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert final.startswith(b"HTTP/1.1 200 ")
     assert old.startswith(b"HTTP/1.1 200 ") and b'"size": 1' in old  # HTTP/1.0: answered, then closed
+
+
+def test_upstream_closing_connections_and_eof_bodies() -> None:
+    """An upstream that closes every connection after answering (no Connection: close), and one that ends
+    its body by closing (no length, not chunked): every request through the proxy still gets the whole answer,
+    the client connection stays alive (the EOF-delimited body is re-framed chunked)."""
+    port = free_port()
+    script = (
+        "import socket\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port})); s.listen()\n"
+        "n = 0\n"
+        "while True:\n"
+        "    c, _ = s.accept()\n"
+        "    data = b''\n"
+        "    while b'\\r\\n\\r\\n' not in data:\n"
+        "        more = c.recv(65536)\n"
+        "        if not more: break\n"
+        "        data += more\n"
+        "    if data:\n"
+        "        n += 1\n"
+        "        body = b'{\"n\": %d}' % n\n"
+        "        if data.startswith(b'GET /eof'):\n"
+        "            c.sendall(b'HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\n\\r\\n' + body)\n"
+        "        else:\n"
+        "            head = b'HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\n'\n"
+        "            c.sendall(head + b'content-length: %d\\r\\n\\r\\n' % len(body) + body)\n"
+        "    c.close()\n"
+    )
+    upstream = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        wait_for(lambda: _open(port), what="fake upstream")
+        with http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, _), httpx.Client(timeout=10) as client:
+            answers = [client.get(base + ("/eof" if i % 2 else "/mcp")) for i in range(10)]
+            assert all(a.status_code == 200 and b'"n": ' in a.content for a in answers)
+            assert answers[1].headers.get("transfer-encoding") == "chunked"
+            assert len({a.json()["n"] for a in answers}) == 10  # each answered by the upstream, none lost
+    finally:
+        upstream.kill()
+        upstream.wait()
