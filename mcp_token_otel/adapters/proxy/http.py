@@ -264,6 +264,7 @@ class Relay:
         self.upstream = Upstream(proxy.url)
         self.sessions: OrderedDict[str, Any] = OrderedDict()
         self.connections: set[asyncio.Task[Any]] = set()
+        self.idle: set[asyncio.Task[Any] | None] = set()
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
@@ -296,6 +297,9 @@ class Relay:
             self._end_session(session_id)
 
     async def shutdown(self, grace: float) -> None:
+        for task in list(self.idle):  # idle keep-alive connections close now; exchanges get the grace period
+            if task is not None:
+                task.cancel()
         if self.connections:
             await asyncio.wait(set(self.connections), timeout=grace)
         for task in list(self.connections):
@@ -330,6 +334,7 @@ class Relay:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
         transport = writer.transport
+        task = asyncio.current_task()
         timeout = HEADER_TIMEOUT
         carry = b""  # bytes of the next request read while watching for a disconnect
         while True:
@@ -339,7 +344,11 @@ class Relay:
             try:
                 if not carry:
                     timer = loop.call_later(timeout, transport.abort)
-                    carry = await reader.read(1)
+                    self.idle.add(task)  # between requests: a shutdown need not wait for it
+                    try:
+                        carry = await reader.read(1)
+                    finally:
+                        self.idle.discard(task)
                     timer.cancel()
                     if not carry:
                         return
