@@ -609,7 +609,10 @@ class Relay:
 
         async def watch() -> None:
             nonlocal carry
-            data = await reader.read(CHUNK)
+            try:
+                data = await reader.read(CHUNK)
+            except (ConnectionError, OSError):  # reset by the client: gone too
+                data = b""
             if data:
                 carry = data  # a pipelined request: kept for later; stop watching
             else:
