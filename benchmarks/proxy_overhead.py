@@ -4,7 +4,8 @@ Both arms run in this one process against the same kind of server, requests inte
 server, one through the proxy, ...), so machine noise hits both alike. The servers are minimal JSON-RPC
 responders (a Python line responder for stdio, a bare ASGI app on uvicorn for HTTP) so that the figures are
 the proxy's, not an SDK's. The proxy runs as a user runs it (``mcp-token-otel proxy``, default config,
-measurement on). Added latency = proxy percentile - direct percentile.
+measurement on). Added latency = proxy percentile - direct percentile. Throughput: sequential requests per
+second, the arms alternating in 100 ms slices.
 
     python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300]
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+THROUGHPUT_SECONDS = 2.0  # per arm, in 100 ms slices alternating between the arms
 
 LINE_SERVER = textwrap.dedent("""
     import json, sys
@@ -142,13 +144,18 @@ def _interleaved(arms: dict[str, Any], iterations: int, warmup: int) -> dict[str
     return times
 
 
-def _throughput(arm: Any, seconds: float) -> float:
-    """Sequential requests per second for ``seconds``."""
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        arm.call()
-        done += 1
-    return done / (time.perf_counter() - start)
+def _throughput(arms: dict[str, Any], seconds: float, slice_s: float = 0.1) -> dict[str, float]:
+    """Sequential requests per second of each arm, over ``seconds`` per arm in interleaved slices."""
+    done = {name: 0 for name in arms}
+    spent = {name: 0.0 for name in arms}
+    while min(spent.values()) < seconds:
+        for name, arm in arms.items():
+            start = time.perf_counter()
+            while time.perf_counter() - start < slice_s:
+                arm.call()
+                done[name] += 1
+            spent[name] += time.perf_counter() - start
+    return {name: done[name] / spent[name] for name in arms}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -174,7 +181,7 @@ def bench_stdio(size: int, iterations: int, warmup: int) -> dict[str, Any]:
     arms = {"direct": StdioArm(server), "proxy": StdioArm(_proxy("--name", "bench", "--", *server))}
     try:
         times = _interleaved(arms, iterations, warmup)
-        rps = {name: _throughput(arm, 1.0) for name, arm in arms.items()}
+        rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
         for arm in arms.values():
             arm.close()
@@ -193,7 +200,7 @@ def bench_http(size: int, iterations: int, warmup: int) -> dict[str, Any]:
         _wait_open(proxy_port)
         arms = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp"), "proxy": HttpArm(f"http://127.0.0.1:{proxy_port}/mcp")}
         times = _interleaved(arms, iterations, warmup)
-        rps = {name: _throughput(arm, 1.0) for name, arm in arms.items()}
+        rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
         for arm in arms.values():
             arm.close()

@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> None:
                    help="address for /metrics (default: prometheus.host, 127.0.0.1)")
     p.add_argument("--listen", metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
     p.add_argument("--upstream", metavar="URL", help="HTTP mode: the streamable-HTTP MCP endpoint URL to forward to")
+    p.add_argument("--inject-trace-context", action="store_true",
+                   help="write the proxy span's W3C traceparent into params._meta of requests that carry none, "
+                        "so the server's spans become its children (off: messages are never rewritten)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="proxy log level on stderr (default warning)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -73,7 +76,7 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
 
     name = args.name or default_name(command)
     _check_metrics_port(args, config)
-    proxy = StdioProxy(command, None, name=name)
+    proxy = StdioProxy(command, None, name=name, inject=args.inject_trace_context)
     proxy.start()  # the server boots while the measuring process starts
     try:
         telemetry = _telemetry(args, config, name)
@@ -109,7 +112,7 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     from ..adapters.proxy.http import HttpProxy, parse_listen
 
     host, port = parse_listen(args.listen)
-    proxy = HttpProxy(args.upstream, host, port, name=args.name)
+    proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
     _check_metrics_port(args, config)
     telemetry = _telemetry(args, config, proxy.name)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
@@ -188,6 +189,8 @@ class Tracker:
         self.attributes = dict(attributes or {})
         self.protocol_version: str | None = None
         self.pending: dict[tuple[str, tuple[str, Any]], Pending] = {}
+        #: Requests the relay injected a context into (--inject-trace-context): id -> (trace id, span id).
+        self.injected: dict[tuple[str, Any], tuple[int, int]] = {}
         self.closed = False
 
     # Everything below runs on the measuring thread only.
@@ -235,7 +238,8 @@ class Tracker:
             protocol_version=self.protocol_version, transport=self.transport,
         )
         attrs.update(self.attributes)
-        span = self._start_span(method, params, direction, attrs, now)
+        forced = self.injected.pop(key, None) if direction == C2S and self.injected else None
+        span = self._start_span(method, params, direction, attrs, now, forced)
         self.recorder.record_input(span, "proxy", method, params, self.session_key)
         pending_key = (direction, key)
         old = self.pending.pop(pending_key, None)
@@ -290,15 +294,27 @@ class Tracker:
             self.stats.faults += 1
         self._end_span(span, now)
 
-    def _start_span(self, method: str, params: Any, direction: str, attrs: dict[str, Any], now: int) -> Span | None:
+    def inject(self, request_id: Any, trace_id: int, span_id: int) -> None:
+        """The relay wrote this context into the request with this id: its span gets exactly these ids."""
+        key = _id_key(request_id)
+        if key is not None:
+            if len(self.injected) >= MAX_PENDING:
+                self.injected.pop(next(iter(self.injected)))
+            self.injected[key] = (trace_id, span_id)
+
+    def _start_span(self, method: str, params: Any, direction: str, attrs: dict[str, Any], now: int,
+                    forced: tuple[int, int] | None = None) -> Span | None:
         # A request the client sends: the proxy is its client toward the server (CLIENT), as the shim's client
         # side is; a request the server sends (sampling, elicitation) is served on the client side (SERVER).
         kind = SpanKind.CLIENT if direction == C2S else SpanKind.SERVER
         try:
+            tracer = self.recorder.tracer
+            if forced is not None:  # a root span with the ids the server was told (the request had no parent)
+                return _start_with_ids(tracer, forced, span_name(method, params), kind, attrs, now)
             meta = params.get("_meta") if isinstance(params, Mapping) else None
             parent = extract(meta) if isinstance(meta, Mapping) else None
             # The recorder's tracer, with the time the bytes went through (not the time we got to them).
-            return self.recorder.tracer.start_span(
+            return tracer.start_span(
                 span_name(method, params), context=parent, kind=kind, attributes=attrs, start_time=now,
                 record_exception=False, set_status_on_exception=False,
             )
@@ -314,6 +330,40 @@ class Tracker:
             span.end(end_time=now)
         except Exception:
             self.stats.faults += 1
+
+
+class _FixedIds:
+    """An SDK id generator that hands out one chosen trace id and span id."""
+
+    def __init__(self, trace_id: int, span_id: int) -> None:
+        self.trace_id = trace_id
+        self.span_id = span_id
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def generate_span_id(self) -> int:
+        return self.span_id
+
+    def is_trace_id_random(self) -> bool:
+        return True  # drawn from SystemRandom by the relay
+
+
+def _start_with_ids(tracer: Any, ids: tuple[int, int], name: str, kind: SpanKind, attrs: dict[str, Any],
+                    now: int) -> Span:
+    # The SDK tracer draws ids from its id_generator (a ProxyTracer wraps it): swapped for this one span, on
+    # the measuring thread (the only one starting spans in the measuring process). Without the SDK (no
+    # tracing configured) the span is not recorded anyway.
+    sdk = tracer if hasattr(tracer, "id_generator") else getattr(tracer, "_tracer", None)
+    if sdk is None or not hasattr(sdk, "id_generator"):
+        return tracer.start_span(name, kind=kind, attributes=attrs, start_time=now)
+    saved = sdk.id_generator
+    sdk.id_generator = _FixedIds(*ids)
+    try:
+        return sdk.start_span(name, context=Context(), kind=kind, attributes=attrs, start_time=now,
+                              record_exception=False, set_status_on_exception=False)
+    finally:
+        sdk.id_generator = saved
 
 
 class Measurer:
@@ -356,6 +406,9 @@ class Measurer:
 
     def close_tracker(self, tracker: Tracker) -> None:
         self.queue.control(tracker.close)
+
+    def inject(self, tracker: Tracker, request_id: Any, trace_id: int, span_id: int) -> None:
+        self.queue.control(lambda _now: tracker.inject(request_id, trace_id, span_id))
 
     def set_tracker(self, tracker: Tracker, **attrs: Any) -> None:
         """Change a tracker's session key, id or protocol version, in order with the messages."""

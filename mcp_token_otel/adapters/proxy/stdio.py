@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .inject import Injector, LineInjector
 from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C
 from .telemetry import StartupError
 
@@ -54,7 +55,7 @@ def _write_all(fd: int, data: bytes) -> None:
 class StdioProxy:
     def __init__(
         self, command: Sequence[str], telemetry: Any, *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
-        exit_grace: float = EXIT_GRACE,
+        exit_grace: float = EXIT_GRACE, inject: bool = False,
     ) -> None:
         self.command = list(command)
         self.telemetry = telemetry
@@ -62,6 +63,7 @@ class StdioProxy:
         self.stdin_fd = stdin_fd
         self.stdout_fd = stdout_fd
         self.exit_grace = exit_grace
+        self.inject = inject
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
 
@@ -88,8 +90,9 @@ class StdioProxy:
         up = measurer.stream(tracker, C2S, LINES)
         down = measurer.stream(tracker, S2C, LINES)
         child_in, child_out = proc.stdin.fileno(), proc.stdout.fileno()
+        rewrite = LineInjector(Injector(measurer), tracker) if self.inject else None
         t_up = threading.Thread(
-            target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended),
+            target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended, rewrite),
             name="proxy-client-to-server", daemon=True,
         )
         t_down = threading.Thread(
@@ -112,7 +115,8 @@ class StdioProxy:
             logger.info("mcp-token-otel proxy: %s exited with status %d", self.name, code)
         return code
 
-    def _pump(self, src: int, dst: int, stream: Any, reader: str, ended: Callable[[str], None]) -> None:
+    def _pump(self, src: int, dst: int, stream: Any, reader: str, ended: Callable[[str], None],
+              rewrite: LineInjector | None = None) -> None:
         measurer = self.telemetry.measurer
         why = "eof"
         try:
@@ -122,7 +126,16 @@ class StdioProxy:
                 except OSError as exc:
                     why = f"read error: {exc.strerror}"
                     break
-                if not chunk:
+                if rewrite is not None:  # opt-in context injection: whole lines, some rewritten
+                    if not chunk:  # EOF: a last line without its newline goes as it is
+                        chunk, rewrite = rewrite.flush(), None
+                        if not chunk:
+                            break
+                    else:
+                        chunk = rewrite.feed(chunk)
+                        if not chunk:
+                            continue
+                elif not chunk:
                     break
                 # Handed over (a non-blocking append) just before it is written: a response can then never
                 # reach the queue ahead of the request it answers, which the other relay thread carried.

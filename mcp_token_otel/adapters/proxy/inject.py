@@ -1,0 +1,125 @@
+"""Opt-in context injection (``--inject-trace-context``): requests that carry no W3C ``traceparent`` in
+``params._meta`` get the proxy span's, so the server's spans become children of the proxy's.
+
+Runs on the relay path, so it stays cheap: only a message that looks like a request (``"method"`` in it,
+no ``traceparent``) is parsed, and only a message it changes is re-serialised; everything else goes on as
+the very same bytes. ``params`` is never created where a request had none (nor made from a non-object);
+``_meta`` is added inside an existing ``params`` object. The proxy span's ids are chosen here and handed
+to the measuring side (in order, before the message's bytes), which then opens the request's span with
+exactly those ids.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+#: stdio lines longer than this are forwarded uninspected (the relay never holds more than this per line).
+MAX_INSPECTED_LINE = 4 * 1024 * 1024
+
+_random = random.SystemRandom()
+
+
+def traceparent(trace_id: int, span_id: int) -> str:
+    return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+class Injector:
+    def __init__(self, measurer: Any) -> None:
+        self.measurer = measurer
+
+    def rewrite_body(self, tracker: Any, raw: bytes) -> bytes:
+        """``raw`` itself when nothing is injected, else the re-serialised message (or batch)."""
+        if b'"method"' not in raw or b"traceparent" in raw:
+            return raw
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):
+            return raw
+        changed = False
+        if isinstance(message, list):
+            for item in message:
+                changed = self._inject(tracker, item) or changed
+        else:
+            changed = self._inject(tracker, message)
+        if not changed:
+            return raw
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def _inject(self, tracker: Any, message: Any) -> bool:
+        if not isinstance(message, dict) or not isinstance(message.get("method"), str) or "id" not in message:
+            return False
+        params = message.get("params")
+        if not isinstance(params, dict):
+            return False  # never create params (nor replace a non-object)
+        meta = params.get("_meta")
+        if meta is None:
+            meta = params["_meta"] = {}
+        elif not isinstance(meta, dict) or "traceparent" in meta:
+            return False
+        request_id = message["id"]
+        if isinstance(request_id, bool) or not isinstance(request_id, (str, int, float)):
+            return False
+        trace_id = _random.getrandbits(128) or 1
+        span_id = _random.getrandbits(64) or 1
+        meta["traceparent"] = traceparent(trace_id, span_id)
+        self.measurer.inject(tracker, request_id, trace_id, span_id)
+        return True
+
+
+class LineInjector:
+    """One direction of newline-delimited JSON (stdio, client to server): whole lines, rewritten or not."""
+
+    def __init__(self, injector: Injector, tracker: Any) -> None:
+        self.injector = injector
+        self.tracker = tracker
+        self._partial: list[bytes] = []
+        self._size = 0
+        self._passing = False  # inside a line too long to inspect: forwarded as it comes
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What to forward now for ``chunk`` (a line's tail waits for its newline, up to the bound)."""
+        out: list[bytes] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                break
+            piece = chunk[start:nl + 1]
+            if self._passing:
+                out.append(piece)
+                self._passing = False
+            else:
+                line = b"".join((*self._partial, piece)) if self._partial else piece
+                self._partial.clear()
+                self._size = 0
+                out.append(self._line(line))
+            start = nl + 1
+        rest = chunk[start:] if start else chunk
+        if rest:
+            if self._passing:
+                out.append(rest)
+            else:
+                self._partial.append(rest)
+                self._size += len(rest)
+                if self._size > MAX_INSPECTED_LINE:
+                    out.extend(self._partial)
+                    self._partial.clear()
+                    self._size = 0
+                    self._passing = True
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    def flush(self) -> bytes:
+        """End of input: a last line without its newline goes as it is."""
+        rest = b"".join(self._partial)
+        self._partial.clear()
+        self._size = 0
+        return rest
+
+    def _line(self, line: bytes) -> bytes:
+        body = line[:-1]
+        if body.endswith(b"\r"):
+            body = body[:-1]
+        new = self.injector.rewrite_body(self.tracker, body)
+        return line if new is body else new + line[len(body):]
