@@ -120,7 +120,8 @@ def test_private_provider_only_gets_the_shims_own_spans(transport: str) -> None:
 def test_requests_a_server_sends_are_measured(transport: str, provider: str) -> None:
     run = scenario(provider, "on", transport)
     for method in ("sampling/createMessage", "elicitation/create"):
-        sides = {(p["mcp_token.side"], p["mcp_token.direction"]) for p in run["points"] if p["mcp.method.name"] == method}
+        points = [p for p in run["points"] if p["mcp.method.name"] == method]
+        sides = {(p["mcp_token.side"], p["mcp_token.direction"]) for p in points}
         assert sides == {("server", "input"), ("server", "output"), ("client", "input"), ("client", "output")}
         name = f"MCP send {method}" if provider == "global" else method
         (sent,) = spans(run, provider, name, "CLIENT")
