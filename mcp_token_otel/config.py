@@ -80,6 +80,14 @@ class SpansConfig:
     capture_content: bool = False
     #: Captured content is truncated to this many characters.
     max_content_chars: int = field(default=2048, metadata=_POSITIVE_INT)
+    #: mcp 1.x only (2.x never adds trace context; the SDK does, as the application configured it): where the
+    #: shim writes W3C trace context into a request's ``params._meta``. ``in_process``: only between sessions of
+    #: this process (in-memory pairs), where the receiving shim removes it before any handler sees it;
+    #: ``always``: every request with params (a peer without the shim sees the keys); ``never``.
+    propagate_context: str = field(
+        default="in_process",
+        metadata=_check("one of in_process, always, never", lambda v: v in ("in_process", "always", "never")),
+    )
 
 
 @dataclass(frozen=True)

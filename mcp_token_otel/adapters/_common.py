@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
 #: Marker attribute on everything the shim installs (wrappers, middleware), so nothing is wrapped twice.
@@ -53,6 +54,25 @@ def is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
         return False
     attrs = getattr(span, "attributes", None) or {}
     return attrs.get("mcp.method.name") == method
+
+
+def extract_parent(meta: Any) -> Any:
+    """The context carried in ``_meta``, or None (ambient parenting) when it holds no valid traceparent."""
+    if not isinstance(meta, Mapping) or not meta:
+        return None
+    try:
+        ctx = propagate.extract(meta)
+    except (ValueError, TypeError):
+        return None
+    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+
+def global_tracing() -> bool:
+    """Whether the application set a global tracer provider. Only then do the SDK's own spans (2.x) carry a
+    valid context onto the wire; a shim span made current changes which span is the parent, never whether
+    trace context is sent."""
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 def wire_dict(model: Any) -> Any:

@@ -21,14 +21,17 @@ import contextlib
 import contextvars
 import functools
 import logging
+import threading
 import uuid
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mcp.client.stdio as client_stdio
 import mcp.server.stdio as server_stdio
+import mcp.shared.memory as shared_memory
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import StreamableHTTPTransport
 from mcp.server.session import ServerSession
@@ -44,11 +47,13 @@ from opentelemetry.trace import Span, SpanKind
 from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
-from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
+from ._common import Patches, ShimSlot, called_tool, detach, extract_parent, is_mcp_span, wire_dict
 
 logger = logging.getLogger(__name__)
 
 _SESSION_HEADER = "mcp-session-id"
+#: Attribute on a RequestResponder: the parent context taken from trace context this shim injected.
+_PARENT = "_mcp_token_otel_parent"
 #: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
 _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
     "mcp_token_v1_client_transport", default=None
@@ -57,6 +62,40 @@ _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.
 _SERVER_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
     "mcp_token_v1_server_transport", default=None
 )
+#: Inside ``create_client_server_memory_streams``: the sessions built there talk to a peer in this process.
+_IN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("mcp_token_v1_in_process", default=False)
+#: Trace-context keys the shim writes into ``_meta``.
+_TRACE_KEYS = ("traceparent", "tracestate", "baggage")
+
+
+class _Injected:
+    """What the shim wrote into requests, by ``traceparent`` (its span id makes it unique), so that a
+    receiving session in this process takes its parent from it and removes it before any handler sees it.
+    Bounded: entries for peers in other processes (``propagate_context: always``) are dropped oldest first."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._entries: OrderedDict[str, tuple[dict[str, str], bool]] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def add(self, carrier: dict[str, str], meta_was_absent: bool) -> None:
+        with self._lock:
+            self._entries[carrier["traceparent"]] = (carrier, meta_was_absent)
+            while len(self._entries) > self._limit:
+                self._entries.popitem(last=False)
+
+    def take(self, meta: Any) -> tuple[dict[str, str], bool] | None:
+        """The entry whose keys ``meta`` carries unchanged, removed from the record; else None."""
+        extra = getattr(meta, "__pydantic_extra__", None)
+        value = extra.get("traceparent") if isinstance(extra, dict) else None
+        if not isinstance(value, str):
+            return None
+        with self._lock:
+            entry = self._entries.get(value)
+            if entry is None or any(extra.get(k) != v for k, v in entry[0].items()):
+                return None
+            del self._entries[value]
+        return entry
 
 
 
@@ -69,6 +108,7 @@ class _SessionInfo:
     session_id: str | None = None  # the mcp-session-id seen in a request header (server)
     protocol_version: str | None = None
     ended: bool = False
+    in_process: bool = False  # built on create_client_server_memory_streams: the peer is in this process
 
     def protocol_session_id(self) -> str | None:
         sid = getattr(self.http, "session_id" if self.side == "client" else "mcp_session_id", None)
@@ -100,17 +140,6 @@ def _side_of(session: Any) -> Side | None:
 
 
 
-def _extract_parent(meta: Any) -> Any:
-    """The context carried in ``_meta``, or None (ambient parenting) when it holds no valid traceparent."""
-    if not isinstance(meta, Mapping) or not meta:
-        return None
-    try:
-        ctx = propagate.extract(meta)
-    except (ValueError, TypeError):
-        return None
-    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
-
-
 def _header_session_id(responder: Any) -> str | None:
     """The request's ``mcp-session-id`` header (streamable HTTP: a Starlette Request in the metadata)."""
     request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
@@ -135,6 +164,17 @@ async def _with_transport(
             var.reset(token)
 
 
+@contextlib.asynccontextmanager
+async def _in_process(cm: Any) -> AsyncIterator[Any]:
+    token = _IN_PROCESS.set(True)
+    try:
+        async with cm as streams:
+            yield streams
+    finally:
+        with contextlib.suppress(ValueError):
+            _IN_PROCESS.reset(token)
+
+
 class V1Shim:
     """The installed patches for one recorder; ``uninstall`` restores the SDK exactly."""
 
@@ -143,6 +183,8 @@ class V1Shim:
         self.active = False
         self._patches = Patches()
         self._sessions: weakref.WeakKeyDictionary[Any, _SessionInfo] = weakref.WeakKeyDictionary()
+        self._propagate = recorder.config.spans.propagate_context
+        self._injected = _Injected()
 
     # -------------------------------------------------------------- install / uninstall
 
@@ -158,6 +200,7 @@ class V1Shim:
             received = vars(cls).get("_received_notification")
             if received is not None:
                 self._patch(cls, "_received_notification", self._wrap_received_notification(received))
+        self._patch(RequestResponder, "__init__", self._wrap_responder_init(RequestResponder.__init__))
         self._patch(RequestResponder, "__enter__", self._wrap_enter(RequestResponder.__enter__))
         self._patch(RequestResponder, "__exit__", self._wrap_exit(RequestResponder.__exit__))
         self._patch(RequestResponder, "respond", self._wrap_respond(RequestResponder.respond))
@@ -170,6 +213,11 @@ class V1Shim:
         http_connect = StreamableHTTPServerTransport.connect
         sse_connect = SseServerTransport.connect_sse
         stdio_server = server_stdio.stdio_server
+        memory_streams = shared_memory.create_client_server_memory_streams
+
+        @functools.wraps(memory_streams)
+        def patched_memory_streams(*args: Any, **kwargs: Any) -> Any:
+            return _in_process(memory_streams(*args, **kwargs))
 
         @functools.wraps(http_init)
         def patched_http_init(transport: StreamableHTTPTransport, *args: Any, **kwargs: Any) -> None:
@@ -199,6 +247,7 @@ class V1Shim:
         self._patch(StreamableHTTPServerTransport, "connect", patched_http_connect)
         self._patch(SseServerTransport, "connect_sse", patched_sse_connect)
         self._patch(server_stdio, "stdio_server", patched_stdio_server)
+        self._patch(shared_memory, "create_client_server_memory_streams", patched_memory_streams)
         try:  # FastMCP.run_stdio_async looks stdio_server up in its own module
             import mcp.server.fastmcp.server as fastmcp_module
 
@@ -254,7 +303,7 @@ class V1Shim:
         else:
             transport = _SERVER_TRANSPORT.get()  # not consumed: a stateless HTTP server builds one per request
         kind, http = transport if transport else (None, None)
-        info = _SessionInfo(side=side, key=uuid.uuid4().hex, transport=kind, http=http)
+        info = _SessionInfo(side=side, key=uuid.uuid4().hex, transport=kind, http=http, in_process=_IN_PROCESS.get())
         if side == "server":
             sid = info.protocol_session_id()
             if sid:
@@ -342,7 +391,7 @@ class V1Shim:
                 own = span = rec.start_span(span_name(method, params), SpanKind.CLIENT, attrs)
                 if own is not None:
                     token = otel_context.attach(trace.set_span_in_context(own))
-            request = self._inject(request, data)
+            request = self._inject(request, data, info)
         except Exception:
             rec._fault("span")
         rec.record_input(span, side, method, params, key)
@@ -374,18 +423,24 @@ class V1Shim:
             self.recorder._fault("estimate")
             return None
 
-    def _inject(self, request: Any, data: dict[str, Any]) -> Any:
-        """The request with our W3C context in ``params._meta`` (a new, re-validated model)."""
-        carrier: dict[str, Any] = {}
-        propagate.inject(carrier)
-        if not carrier:
-            return request  # nothing to propagate: keep the request byte-identical
+    def _inject(self, request: Any, data: dict[str, Any], info: _SessionInfo) -> Any:
+        """The request with our W3C context in ``params._meta`` (a new, re-validated model), where
+        ``spans.propagate_context`` allows it; never into a request without params (it would gain some)."""
         params = data.get("params")
-        params = dict(params) if isinstance(params, Mapping) else {}
+        if not isinstance(params, Mapping) or self._propagate == "never":
+            return request
+        if self._propagate == "in_process" and not info.in_process:
+            return request  # a peer in another process would show the keys to its handlers
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
         meta = params.get("_meta")
-        params["_meta"] = {**meta, **carrier} if isinstance(meta, Mapping) else carrier
+        if not carrier.get("traceparent") or (isinstance(meta, Mapping) and any(k in meta for k in carrier)):
+            return request  # nothing to propagate, or the application's own context: keep the request as it is
+        self._injected.add(carrier, meta_was_absent=not isinstance(meta, Mapping))
+        out = dict(params)
+        out["_meta"] = {**meta, **carrier} if isinstance(meta, Mapping) else carrier
         # RequestParams.Meta allows extra keys, so traceparent survives validation and serialization.
-        return type(request).model_validate({**data, "params": params})
+        return type(request).model_validate({**data, "params": out})
 
     def _finish_client_span(self, info: _SessionInfo, span: Span | None, token: Any, own: Span | None) -> None:
         extra: dict[str, Any] = {}
@@ -460,7 +515,7 @@ class V1Shim:
                 protocol_version=self._server_protocol(session, info),
                 transport=info.transport if info else None,
             )
-            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_extract_parent(meta))
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=extract_parent(meta))
         except Exception:
             rec._fault("span")
         rec.record_input(span, "server", method, params)  # no session: notifications stay off budgets
@@ -475,6 +530,39 @@ class V1Shim:
         client_params = getattr(session, "client_params", None)
         version = getattr(client_params, "protocolVersion", None)
         return str(version) if version is not None else None
+
+    def _wrap_responder_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        shim = self
+
+        @functools.wraps(original)
+        def patched_init(responder: RequestResponder[Any, Any], *args: Any, **kwargs: Any) -> None:
+            original(responder, *args, **kwargs)
+            if shim.active:
+                try:
+                    shim._take_injected(responder)
+                except Exception:
+                    shim.recorder._fault("span")
+
+        return patched_init
+
+    def _take_injected(self, responder: Any) -> None:
+        """Before the session hands the request to anyone: the trace context this shim injected becomes the
+        SERVER span's parent and leaves ``_meta`` (left as the sender's application built it)."""
+        params = getattr(getattr(responder, "request", None), "root", None)
+        params = getattr(params, "params", None)
+        meta = getattr(params, "meta", None)
+        entry = self._injected.take(meta) if meta is not None else None
+        if entry is None:
+            return
+        carrier, meta_was_absent = entry
+        setattr(responder, _PARENT, propagate.extract(carrier))
+        if meta_was_absent:
+            params.meta = None
+            params.__pydantic_fields_set__.discard("meta")
+            responder.request_meta = None
+        else:
+            for key in carrier:
+                meta.__pydantic_extra__.pop(key, None)
 
     def _wrap_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -522,7 +610,8 @@ class V1Shim:
             else:
                 # A server->client request (sampling, elicitation, roots): the same attributes as in 2.x.
                 attrs = call_attributes(method, params, request_id=request_id)
-            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_extract_parent(meta))
+            parent = getattr(responder, _PARENT, None) or extract_parent(meta)
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=parent)
             if span is not None:
                 token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:

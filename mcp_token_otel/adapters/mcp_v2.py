@@ -2,13 +2,20 @@
 
 Server: a middleware appended to every ``Server.middleware`` list (``Server.__init__`` is wrapped, and
 ``instrument_server`` covers servers built earlier). It runs inside the SDK's own SERVER span, which it
-enriches; only when no MCP span is recording does it open its own SERVER span.
+enriches; only when no MCP span is recording does it open its own SERVER span. Requests the server sends
+(sampling, elicitation, roots, ping: ``ServerSession.send_request`` and ``Connection.send_raw_request``) are
+measured with side ``server``.
 
-Client: ``ClientSession.__init__`` is wrapped to put the session's dispatcher behind a proxy. The proxy
-opens one CLIENT span per request. On ``JSONRPCDispatcher`` the SDK would open a second CLIENT span,
-so ``jsonrpc_dispatcher.otel_span`` is swapped for a version that *takes over* ours (one span, and the
-trace context the SDK injects into ``_meta`` is ours, so the server span is its child). On
-``DirectDispatcher`` (in-process) the server handler runs in our task, so ambient context parents it.
+Client: ``ClientSession.__init__`` is wrapped to put the session's dispatcher behind a proxy. On
+``JSONRPCDispatcher`` the SDK opens its own CLIENT span (``MCP send ...``, scope ``mcp-python-sdk``):
+``jsonrpc_dispatcher.otel_span`` is swapped for a version that opens that same span with the SDK's own
+tracer and hands it to the request being measured, which enriches it and ends it once the response is
+measured. Only where the SDK makes no span (``DirectDispatcher``, in process) or its span does not record
+(no global tracer provider) does the shim open its own CLIENT span.
+
+Transparency: the shim never adds trace context to a request. Its own spans are made current only under
+global tracing (then the SDK's own spans already put a ``traceparent`` on every JSON-RPC request, so only the
+parent changes); otherwise they parent one another through a private context variable.
 
 Session ids: the server uses ``Connection.session_id`` (stateful streamable HTTP), else a uuid4 per
 Connection; the client uses a uuid4 per ClientSession as its budget key and reports the HTTP
@@ -28,24 +35,41 @@ from typing import Any
 
 import mcp.client.stdio as client_stdio
 import mcp.server.stdio as server_stdio
+import mcp.shared._otel as sdk_otel
 import mcp.shared.jsonrpc_dispatcher as jrd
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
+from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
-from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_SESSION_ID, A_TRANSPORT, call_attributes, span_name
-from ..recorder import TokenRecorder
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, span_name
+from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
-from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
+from ._common import (
+    Patches,
+    ShimSlot,
+    called_tool,
+    detach,
+    extract_parent,
+    global_tracing,
+    is_mcp_span,
+    wire_dict,
+)
 
 logger = logging.getLogger(__name__)
 
-#: The CLIENT span that the SDK's next ``otel_span(kind=CLIENT)`` must take over (single use).
-_TAKEOVER: contextvars.ContextVar[Span | None] = contextvars.ContextVar("mcp_token_takeover", default=None)
+#: The request whose SDK CLIENT span the next ``otel_span(kind=CLIENT)`` hands over (single use).
+_CAPTURE: contextvars.ContextVar[OutboundCall | None] = contextvars.ContextVar("mcp_token_capture", default=None)
+#: The shim's own span that is the parent of the next shim span in this task, when it is not made current.
+_SHIM_PARENT: contextvars.ContextVar[Span | None] = contextvars.ContextVar("mcp_token_shim_parent", default=None)
+#: Server: inside a request handler, (the budget key, attributes) for the requests the handler sends.
+_SERVER_CALL: contextvars.ContextVar[tuple[str | None, dict[str, Any]] | None] = contextvars.ContextVar(
+    "mcp_token_server_call", default=None
+)
 #: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
 _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
     "mcp_token_client_transport", default=None
@@ -57,6 +81,127 @@ _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 
 
 
+def _parent_context(meta: Any = None) -> Any:
+    """Where a shim span hangs: the trace context in ``_meta``, else the ambient one, else (no valid ambient
+    span: the shim's spans are not current without global tracing) the shim's own enclosing span."""
+    parent = extract_parent(meta)
+    if parent is not None:
+        return parent
+    if trace.get_current_span().get_span_context().is_valid:
+        return None
+    shim_parent = _SHIM_PARENT.get()
+    return trace.set_span_in_context(shim_parent) if shim_parent is not None else None
+
+
+def _activate(span: Span | None) -> tuple[Any, Any]:
+    """Make a shim span the parent of what follows in this task. Current (the OTel context) only under global
+    tracing, where the SDK's own spans already carry trace context onto the wire; else privately, so that
+    nothing the application's configuration would not send reaches the wire or a handler."""
+    if span is None:
+        return None, None
+    if global_tracing():
+        return trace.context_api.attach(trace.set_span_in_context(span)), None
+    return None, _SHIM_PARENT.set(span)
+
+
+def _deactivate(tokens: tuple[Any, Any]) -> None:
+    detach(tokens[0])
+    if tokens[1] is not None:
+        with contextlib.suppress(ValueError):
+            _SHIM_PARENT.reset(tokens[1])
+
+
+def _is_jsonrpc(channel: Any) -> bool:
+    """Whether requests sent on this outbound channel go through ``JSONRPCDispatcher`` (the SDK spans them)."""
+    return isinstance(channel, jrd.JSONRPCDispatcher) or isinstance(
+        getattr(channel, "_dispatcher", None), jrd.JSONRPCDispatcher
+    )
+
+
+class OutboundCall:
+    """One request this process sends (a client call, or a server->client request) and the span it is
+    measured on: the SDK's own CLIENT span when it records (JSON-RPC), else an outer instrumentation's MCP
+    CLIENT span, else the shim's own. ``start`` runs once: inside the SDK's span (handed over by the
+    ``otel_span`` patch) or, where the SDK opens none, before the call."""
+
+    def __init__(self, shim: V2Shim, side: Side, method: str, params: Any, key: str | None, attrs: dict[str, Any]):
+        self.shim, self.side, self.method, self.params, self.key = shim, side, method, params, key
+        self.attrs = attrs
+        self.tool = called_tool(method, params)
+        self.span: Span | None = None
+        self.own: Span | None = None
+        self.sdk: Span | None = None  # the SDK's span, whose end waits for the response's measurement
+        self.started = False
+        self._tokens: tuple[Any, Any] = (None, None)
+        self._outer: Span | None = None
+        try:
+            current = trace.get_current_span()
+            if is_mcp_span(current, SpanKind.CLIENT, method):
+                self._outer = current  # an outer MCP instrumentation already traces this call
+        except Exception:
+            shim.recorder._fault("span")
+
+    def start(self, sdk_span: Span | None = None, *, activate: bool = False) -> None:
+        if self.started:
+            return
+        self.started = True
+        rec = self.shim.recorder
+        try:
+            self.sdk = sdk_span
+            if sdk_span is not None and sdk_span.is_recording():
+                self.span = sdk_span
+                rec.set_attributes(sdk_span, self.attrs)  # name, scope and provider stay the SDK's
+            elif self._outer is not None:
+                self.span = self._outer
+            else:
+                # No SDK span, or one that does not record (no global provider): ours, never injected.
+                name = span_name(self.method, self.params)
+                self.own = self.span = rec.start_span(name, SpanKind.CLIENT, self.attrs, context=_parent_context())
+                if activate:
+                    self._tokens = _activate(self.own)
+        except Exception:
+            rec._fault("span")
+        rec.record_input(self.span, self.side, self.method, self.params, self.key)
+
+    def end(self, extra: Mapping[str, Any] | None = None) -> None:
+        rec = self.shim.recorder
+        if extra:
+            rec.set_attributes(self.span, extra)
+        _deactivate(self._tokens)
+        rec.end_span(self.own)
+        rec.end_span(self.sdk)
+
+    async def send(self, send: Callable[[], Awaitable[Any]], jsonrpc: bool) -> Any:
+        """Run ``send`` measured: the input once the span is known, the result or the error after it."""
+        rec = self.shim.recorder
+        if not jsonrpc:
+            self.start(activate=True)
+        # Over JSON-RPC the SDK's otel_span hands its span over; a direct send must not pass the slot on
+        # to a JSON-RPC request made while it runs (an in-process handler's own outbound calls).
+        capture = _CAPTURE.set(self if jsonrpc else None)
+        try:
+            try:
+                result = await send()
+            except MCPError as exc:
+                self.start()  # the SDK failed before opening its span (e.g. connection closed)
+                rec.record_output(self.span, self.side, self.method, self.tool, error=exc.error, session_id=self.key)
+                raise
+            except Exception as exc:
+                self.start()
+                if self.own is not None:
+                    rec.record_exception(self.own, exc)  # the SDK's span records its own exception
+                raise
+            self.start()
+            try:  # converting the result is part of measuring it: inside the never-break boundary
+                wire = wire_dict(result)
+            except Exception:
+                rec._fault("estimate")
+            else:
+                rec.record_output(self.span, self.side, self.method, self.tool, result=wire, session_id=self.key)
+            return result
+        finally:
+            with contextlib.suppress(ValueError):
+                _CAPTURE.reset(capture)
 
 
 def _error_data(exc: Exception) -> Any:
@@ -114,12 +259,11 @@ class TokenMiddleware:
                 span = current
             else:
                 # The SDK's OpenTelemetryMiddleware was removed (or is not recording): open our own.
-                parent = extract(ctx.meta) if ctx.meta else None
                 own = span = rec.start_span(
                     span_name(method, params),
                     SpanKind.SERVER,
                     call_attributes(method, params, request_id=ctx.request_id),
-                    context=parent,
+                    context=_parent_context(ctx.meta),
                 )
             transport = "tcp" if ctx.request is not None else _SERVER_TRANSPORT.get()
             if session_id:
@@ -133,7 +277,12 @@ class TokenMiddleware:
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
         rec.record_input(span, "server", method, params, session_key, attributes=extra)
         tool = called_tool(method, params)
-        token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
+        tokens = _activate(own)
+        # What the requests this handler sends (sampling, elicitation) are measured with.
+        sends = {k: v for k, v in extra.items() if k in (A_SESSION_ID, A_TRANSPORT)}
+        if ctx.protocol_version:
+            sends[A_PROTOCOL] = ctx.protocol_version
+        server_call = _SERVER_CALL.set((session_key, sends))
         try:
             try:
                 result = await call_next(ctx)
@@ -156,7 +305,9 @@ class TokenMiddleware:
                     rec.record_output(span, "server", method, tool, result=wire, session_id=session_key)
             return result
         finally:
-            detach(token)
+            with contextlib.suppress(ValueError):
+                _SERVER_CALL.reset(server_call)
+            _deactivate(tokens)
             rec.end_span(own)
 
 
@@ -186,58 +337,34 @@ class DispatcherProxy:
         shim = self._shim
         if not shim.active:
             return await self._inner.send_raw_request(method, params, opts)
-        rec = shim.recorder
-        span, own, token = None, None, None
+        attrs: dict[str, Any] = {}
         try:
-            current = trace.get_current_span()
-            if is_mcp_span(current, SpanKind.CLIENT, method):
-                span = current  # an outer MCP instrumentation already traces this call
-            else:
-                attrs = call_attributes(
-                    method,
-                    params,
-                    protocol_version=self._protocol_version(),
-                    transport=self._transport[0] if self._transport else None,
-                )
-                own = span = rec.start_span(span_name(method, params), SpanKind.CLIENT, attrs)
-                if own is not None:
-                    token = trace.context_api.attach(trace.set_span_in_context(own))
+            attrs = call_attributes(
+                method,
+                params,
+                protocol_version=self._protocol_version(),
+                transport=self._transport[0] if self._transport else None,
+            )
         except Exception:
-            rec._fault("span")
-        takeover = _TAKEOVER.set(span if span is not None and not self._direct else None)
-        rec.record_input(span, "client", method, params, self._key)
-        tool = called_tool(method, params)
+            shim.recorder._fault("span")
+        call = OutboundCall(shim, "client", method, params, self._key, attrs)
         try:
-            try:
-                result = await self._inner.send_raw_request(method, params, opts)
-            except MCPError as exc:
-                rec.record_output(span, "client", method, tool, error=exc.error, session_id=self._key)
-                raise
-            except Exception as exc:
-                if own is not None:
-                    rec.record_exception(own, exc)
-                raise
-            rec.record_output(span, "client", method, tool, result=result, session_id=self._key)
+            result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
             if method == "initialize" and isinstance(result, Mapping):
-                rec.set_attributes(span, {"mcp.protocol.version": str(result.get("protocolVersion", ""))})
+                shim.recorder.set_attributes(call.span, {A_PROTOCOL: str(result.get("protocolVersion", ""))})
             return result
         finally:
-            _TAKEOVER.reset(takeover)
-            self._finish_client_span(span, own, token)
+            call.end(self._span_extra())
 
-    def _finish_client_span(self, span: Span | None, own: Span | None, token: Any) -> None:
-        rec = self._shim.recorder
+    def _span_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         session_id = self._session_id()  # known after the initialize response
         if session_id:
             extra[A_SESSION_ID] = session_id
         version = self._protocol_version()
         if version:
-            extra["mcp.protocol.version"] = version
-        if extra:
-            rec.set_attributes(span, extra)
-        detach(token)
-        rec.end_span(own)
+            extra[A_PROTOCOL] = version
+        return extra
 
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> None:
         if self._shim.active:
@@ -267,15 +394,14 @@ class DispatcherProxy:
     async def _inbound_request(self, on_request: Any, dctx: Any, method: str, params: Any) -> Any:
         """A server->client request (sampling, elicitation, roots): a SERVER span on the client side."""
         rec = self._shim.recorder
-        span, token = None, None
+        span: Span | None = None
+        tokens: tuple[Any, Any] = (None, None)
         try:
             # Over memory streams the ambient context is the sender's: take the parent from _meta instead.
             meta = params.get("_meta") if isinstance(params, Mapping) else None
-            parent = extract(meta) if isinstance(meta, Mapping) else None
             attrs = call_attributes(method, params, request_id=getattr(dctx, "request_id", None))
-            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=parent)
-            if span is not None:
-                token = trace.context_api.attach(trace.set_span_in_context(span))
+            span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_parent_context(meta))
+            tokens = _activate(span)
         except Exception:
             rec._fault("span")
         rec.record_input(span, "client", method, params, self._key)
@@ -291,7 +417,7 @@ class DispatcherProxy:
             rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key)
             return result
         finally:
-            detach(token)
+            _deactivate(tokens)
             rec.end_span(span)
 
 
@@ -340,18 +466,22 @@ class V2Shim:
             _CLIENT_TRANSPORT.set(("tcp", self))
 
         @contextlib.contextmanager
-        def takeover_otel_span(
+        def capturing_otel_span(
             name: str, *, kind: SpanKind, attributes: Any = None, **kwargs: Any
         ) -> Iterator[Any]:
-            span = _TAKEOVER.get()
-            if span is None or kind is not SpanKind.CLIENT:
+            call = _CAPTURE.get() if kind is SpanKind.CLIENT else None
+            tracer = getattr(sdk_otel, "_tracer", None)
+            if call is None or tracer is None:
                 with sdk_otel_span(name, kind=kind, attributes=attributes, **kwargs) as sdk_span:
                     yield sdk_span
                 return
-            _TAKEOVER.set(None)  # single use: never leaks into a nested send or a handler
-            if attributes:
-                shim.recorder.set_attributes(span, attributes)  # the minted jsonrpc.request.id
-            yield span  # current already: the SDK injects our span context into _meta
+            _CAPTURE.set(None)  # single use: never leaks into a nested send or a handler
+            # The SDK's own span (its tracer, name and attributes), left open until the response is measured.
+            with tracer.start_as_current_span(
+                name, kind=kind, attributes=attributes, end_on_exit=False, **kwargs
+            ) as sdk_span:
+                call.start(sdk_span)
+                yield sdk_span
 
         @functools.wraps(spawn)
         async def patched_spawn(*args: Any, **kwargs: Any) -> Any:
@@ -373,7 +503,9 @@ class V2Shim:
         self._patch(Server, "__init__", patched_server_init)
         self._patch(ClientSession, "__init__", patched_session_init)
         self._patch(StreamableHTTPTransport, "__init__", patched_http_init)
-        self._patch(jrd, "otel_span", takeover_otel_span)
+        self._patch(jrd, "otel_span", capturing_otel_span)
+        self._patch(ServerSession, "send_request", self._wrap_server_send_request(ServerSession.send_request))
+        self._patch(Connection, "send_raw_request", self._wrap_connection_send(Connection.send_raw_request))
         self._patch(client_stdio, "_create_platform_compatible_process", patched_spawn)
         self._patch(server_stdio, "stdio_server", patched_stdio_server)
         try:  # MCPServer.run("stdio") looks stdio_server up in its own module
@@ -384,6 +516,61 @@ class V2Shim:
         except ImportError:
             pass
         self.active = True
+
+    def _wrap_server_send_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def send_request(session: ServerSession, request: Any, result_type: Any, *args: Any, **kw: Any) -> Any:
+            if not shim.active:
+                return await original(session, request, result_type, *args, **kw)
+            method, params, jsonrpc = "unknown", None, True
+            try:
+                data = wire_dict(request)
+                method, params = str(data.get("method", "unknown")), data.get("params")
+                metadata = kw.get("metadata", args[1] if len(args) > 1 else None)
+                # The channel the SDK picks: the request's own when related to it, else the connection's.
+                related = getattr(metadata, "related_request_id", None)
+                channel = session._request_outbound if related is not None else session._connection.outbound
+                jsonrpc = _is_jsonrpc(channel)
+            except Exception:
+                shim.recorder._fault("span")
+            return await shim.server_send(
+                lambda: original(session, request, result_type, *args, **kw), method, params, jsonrpc
+            )
+
+        return send_request
+
+    def _wrap_connection_send(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def send_raw_request(connection: Connection, method: str, params: Any, *args: Any, **kw: Any) -> Any:
+            if not shim.active:
+                return await original(connection, method, params, *args, **kw)
+            jsonrpc = _is_jsonrpc(getattr(connection, "outbound", None))
+            return await shim.server_send(
+                lambda: original(connection, method, params, *args, **kw), method, params, jsonrpc
+            )
+
+        return send_raw_request
+
+    async def server_send(self, send: Callable[[], Awaitable[Any]], method: str, params: Any, jsonrpc: bool) -> Any:
+        """A request the server sends (sampling, elicitation, roots, ping): side ``server``, on the budget of
+        the client session whose handler sends it."""
+        attrs: dict[str, Any] = {}
+        key: str | None = None
+        try:
+            server_call = _SERVER_CALL.get()
+            key, extra = server_call if server_call is not None else (None, {})
+            attrs = {**call_attributes(method, params), **extra}
+        except Exception:
+            self.recorder._fault("span")
+        call = OutboundCall(self, "server", method, params, key, attrs)
+        try:
+            return await call.send(send, jsonrpc)
+        finally:
+            call.end()
 
     def uninstall(self) -> None:
         self.active = False

@@ -15,11 +15,12 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 # Re-exported for the test modules, which import them from here.
 from ..support import Otel, free_port, instrumented_session, make_config, otel_session
 
-__all__ = ["Otel", "free_port", "make_config"]
+__all__ = ["Otel", "free_port", "make_config", "named"]
 
 IS_MCP_V2 = importlib.util.find_spec("mcp.shared.dispatcher") is not None
 if not IS_MCP_V2:
@@ -49,3 +50,9 @@ def otel() -> Iterator[Otel]:
 def instrumented(otel: Otel) -> Iterator[Any]:
     """instrument() with chars/4 and the test providers; uninstrument() afterwards."""
     yield from instrumented_session(otel)
+
+
+def named(span: Any, name: str) -> bool:
+    """``span`` is the MCP span ``name``: a CLIENT span over JSON-RPC is the SDK's own, enriched by the shim, so
+    it keeps the SDK's name (``MCP send {name}``); in process (no SDK span) the shim's is ``{name}``."""
+    return span.name == name or (span.kind is SpanKind.CLIENT and span.name == f"MCP send {name}")

@@ -195,7 +195,8 @@ def test_configure_otel_honours_env(receiver: Receiver) -> None:
     spans = receiver.spans()
     names = {(service, span.name) for service, span, _ in spans}
     assert ("shim-test", "tools/call big") in names
-    client = [a for _, s, a in spans if s.name == "tools/call big" and s.kind == s.SPAN_KIND_CLIENT]
+    # The client span is the SDK's own (JSON-RPC), enriched: its name is kept.
+    client = [a for _, s, a in spans if s.name == "MCP send tools/call big" and s.kind == s.SPAN_KIND_CLIENT]
     assert client and client[0]["mcp_token.output_tokens"] >= 100  # 400 chars at chars/4, plus framing
     assert "mcp_token.message.tokens" in receiver.metrics()
 

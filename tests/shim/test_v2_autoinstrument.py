@@ -99,8 +99,9 @@ def run_instrumented(tmp_path: Path, **env: str) -> list[dict]:
 
 def test_opentelemetry_instrument_runs_the_shim_with_no_code_change(tmp_path: Path) -> None:
     spans = run_instrumented(tmp_path, MCP_TOKEN_OTEL_ESTIMATOR="chars/4")
-    measured = {(s["name"], s["kind"]): s["output"] for s in spans if s["name"] == "tools/call fetch"}
-    assert set(measured) == {("tools/call fetch", "CLIENT"), ("tools/call fetch", "SERVER")}
+    # The SDK's own spans, enriched: the client one keeps the SDK's name.
+    measured = {(s["name"], s["kind"]): s["output"] for s in spans if s["name"].endswith("tools/call fetch")}
+    assert set(measured) == {("MCP send tools/call fetch", "CLIENT"), ("tools/call fetch", "SERVER")}
     assert all(tokens >= 625 for tokens in measured.values())  # 2500 chars at chars/4
 
 
@@ -143,7 +144,7 @@ def test_with_opentelemetry_distro_an_app_without_otel_code_is_measured(tmp_path
     out = launch(tmp_path, PLAIN_APP, OTEL_TRACES_EXPORTER="console", MCP_TOKEN_OTEL_ESTIMATOR="chars/4")
     spans = [json.loads(chunk) for chunk in _json_objects(out.stdout)]
     fetch = {s["kind"]: s["attributes"].get("mcp_token.output_tokens")
-             for s in spans if s["name"] == "tools/call fetch"}
+             for s in spans if s["name"].endswith("tools/call fetch")}
     assert set(fetch) == {"SpanKind.CLIENT", "SpanKind.SERVER"}, out.stdout[-2000:]
     assert all(tokens >= 625 for tokens in fetch.values())  # 2500 chars at chars/4
 

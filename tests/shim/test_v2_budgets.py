@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry.trace import SpanKind
 
-from .conftest import Otel, free_port
+from .conftest import Otel, free_port, named
 from .test_v2_transports import SERVER_SCRIPT, serve
 
 TOKENS = "mcp_token.session.tokens"
@@ -39,7 +39,7 @@ def echo_server() -> MCPServer:
 
 
 def session_tokens(otel: Otel, kind: SpanKind) -> list[int]:
-    spans = [s for s in otel.spans() if s.kind is kind and s.name == "tools/call echo"]
+    spans = [s for s in otel.spans() if s.kind is kind and named(s, "tools/call echo")]
     spans.sort(key=lambda s: s.start_time or 0)
     return [s.attributes[TOKENS] for s in spans if TOKENS in (s.attributes or {})]
 

@@ -165,6 +165,7 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
         uninstrument()
     assert got == expected
     errors = recorder.error_counts
+    own_spans = transport == "memory-auto"  # the shim's own client spans, from the test's tracer provider
     if transport == "stdio":  # the server side ran in the subprocess, with the same fault
         stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "sink": "metrics",
                  "budget": "budget", "prometheus": "metrics"}.get(fault)
@@ -175,12 +176,15 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
     if fault == "estimator":
         assert errors["estimate"] >= len(SCRIPT)
     elif fault == "span_processor":
-        assert errors["span"] > 0
+        # Over JSON-RPC the calls are measured on the SDK's own spans (the global provider): the faulty private
+        # provider serves only the spans the shim opens itself (in process, where the SDK opens none).
+        assert errors["span"] > 0 if own_spans else "span" not in errors
     elif fault == "exporter":
         tracer_provider.force_flush()
         meter_provider.force_flush()
         span_exporter, metric_exporter = pipeline[2], pipeline[3]
-        assert span_exporter.attempts > 0 and metric_exporter.attempts > 0  # both really ran and failed...
+        assert metric_exporter.attempts > 0  # it really ran and failed...
+        assert (span_exporter.attempts > 0) == own_spans
         assert "span" not in errors  # ...and the calls never saw it
         tracer_provider.shutdown()
         meter_provider.shutdown()
@@ -225,10 +229,10 @@ def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
     exporter = RaisingExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-    expected = baseline("memory-legacy")
+    expected = baseline("memory-auto")  # in process: the shim's own client spans use this provider
     recorder = instrument(make_config(), tracer_provider=tracer_provider, meter_provider=otel.meter_provider)
     try:
-        got, _ = session("memory-legacy")
+        got, _ = session("memory-auto")
     finally:
         uninstrument()
     assert got == expected and exporter.attempts >= len(SCRIPT)

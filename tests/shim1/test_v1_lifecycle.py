@@ -397,8 +397,11 @@ def test_instrument_mid_session(otel: Otel) -> None:
         nonlocal recorder
         async with create_connected_server_and_client_session(make_server()) as client:
             await client.call_tool("text", {"n": 1})
+            # Built before instrument(), the sessions are not known to be in process: propagation is opt-in.
             recorder = instrument(
-                make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+                make_config(spans={"propagate_context": "always"}),
+                tracer_provider=otel.tracer_provider,
+                meter_provider=otel.meter_provider,
             )
             await client.call_tool("text", {"n": 2})
             assert recorder.states()["client"]["ok"] == 1

@@ -38,8 +38,9 @@ def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -
     from mcp_token_otel.instrumentation import instrument, uninstrument
 
     spans_file = tmp_path / "server_spans.jsonl"
-    if instrument_client:
-        instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    if instrument_client:  # a peer in another process: propagating trace context is opt-in (handlers see it)
+        config = make_config(spans={"propagate_context": "always"})
+        instrument(config, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     tracer = otel.tracer_provider.get_tracer("test")
     try:
 
@@ -135,7 +136,14 @@ async def serve(tg: Any, app: Any, port: int) -> uvicorn.Server:
     return server
 
 
-def test_streamable_http(otel: Otel, instrumented: Any) -> None:
+def test_streamable_http(otel: Otel) -> None:
+    from mcp_token_otel.instrumentation import instrument, uninstrument
+
+    # Over HTTP the peer could be another process: trace context is sent only with "always" (here the server
+    # is in this process, so its shim takes the context out of _meta again before the handler runs).
+    config = make_config(spans={"propagate_context": "always"})
+    instrumented = instrument(config, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert instrumented is not None
     port = free_port()
     app = http_server().streamable_http_app()
     ids: list[str | None] = []
@@ -155,7 +163,10 @@ def test_streamable_http(otel: Otel, instrumented: Any) -> None:
                 finally:
                     server.should_exit = True
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    finally:
+        uninstrument()
     (session_id,) = ids
     assert session_id
     spans = otel.spans()
