@@ -84,11 +84,18 @@ def break_prometheus(sink: Any) -> int:
     """Make every prometheus-client family of a PrometheusMetrics sink raise when used; the count broken."""
     from prometheus_client.metrics import MetricWrapperBase
 
+    from mcp_token_otel.emitters.aggregate import CountFamily, HistFamily
+
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("prometheus-client fault")
 
     broken = 0
     for value in vars(sink).values():
+        if isinstance(value, (HistFamily, CountFamily)):  # the pre-aggregated families
+            for method in ("observe", "add", "touch"):
+                if hasattr(value, method):
+                    setattr(value, method, fail)
+            broken += 1
         if isinstance(value, MetricWrapperBase):
             value.labels = fail  # type: ignore[method-assign]
             for method in ("inc", "set", "observe", "dec"):

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -87,6 +88,14 @@ class _InboundState:
     key: str | None
     info: _SessionInfo | None
     responded: bool = False
+    started: float | None = None  # time.perf_counter() when the request came in (operation duration)
+    server: str | None = None  # the server's own name (server side)
+
+
+def _server_name(session: Any) -> str | None:
+    """A ServerSession's server name (its InitializationOptions.server_name)."""
+    name = getattr(getattr(session, "_init_options", None), "server_name", None)
+    return name if isinstance(name, str) and name else None
 
 
 def _side_of(session: Any) -> Side | None:
@@ -347,18 +356,19 @@ class V1Shim:
             rec._fault("span")
         rec.record_input(span, side, method, params, key)
         tool = called_tool(method, params)
+        started = time.perf_counter()
         try:
             try:
                 result = await original(session, request, result_type, *args, **kwargs)
             except McpError as exc:
-                rec.record_output(span, side, method, tool, error=exc.error, session_id=key)
+                rec.record_output(span, side, method, tool, error=exc.error, session_id=key, started=started)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
                 raise
             wire = self._result_dict(result)
-            rec.record_output(span, side, method, tool, result=wire, session_id=key)
+            rec.record_output(span, side, method, tool, result=wire, session_id=key, started=started)
             if method == "initialize" and isinstance(wire, Mapping):
                 version = wire.get("protocolVersion")
                 if isinstance(version, str):
@@ -527,7 +537,11 @@ class V1Shim:
                 token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:
             rec._fault("span")
-        state = _InboundState(span, token, side, method, called_tool(method, params), key, info)
+        server = _server_name(session) if side == "server" else None
+        state = _InboundState(
+            span, token, side, method, called_tool(method, params), key, info, started=time.perf_counter(),
+            server=server,
+        )
         try:
             setattr(responder, _MARK, state)
         except Exception:
@@ -535,7 +549,7 @@ class V1Shim:
             detach(token)
             rec.end_span(span)
             return
-        rec.record_input(span, side, method, params, key)
+        rec.record_input(span, side, method, params, key, server=server)
 
     def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -554,10 +568,12 @@ class V1Shim:
         rec = self.recorder
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
-            rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key)
+            rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key,
+                              started=state.started, server=state.server)
             return
         result = self._result_dict(response)
-        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key)
+        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key,
+                          started=state.started, server=state.server)
         if state.method == "initialize" and state.side == "server" and isinstance(result, Mapping):
             version = result.get("protocolVersion")
             if isinstance(version, str) and state.info is not None:

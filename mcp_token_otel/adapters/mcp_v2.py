@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -94,8 +95,9 @@ class TokenMiddleware:
 
     _mcp_token_otel = True
 
-    def __init__(self, shim: V2Shim) -> None:
+    def __init__(self, shim: V2Shim, server_name: str | None = None) -> None:
         self._shim = shim
+        self._server = server_name if isinstance(server_name, str) and server_name else None
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         shim = self._shim
@@ -131,21 +133,25 @@ class TokenMiddleware:
         except Exception:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
-        rec.record_input(span, "server", method, params, session_key, attributes=extra)
+        server = self._server
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
         tool = called_tool(method, params)
         token = trace.context_api.attach(trace.set_span_in_context(own)) if own is not None else None
+        started = time.perf_counter()
         try:
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
-                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key)
+                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
+                                  started=started, server=server)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
                 if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
                     error = _error_data(exc)
-                    rec.record_output(span, "server", method, tool, error=error, session_id=session_key)
+                    rec.record_output(span, "server", method, tool, error=error, session_id=session_key,
+                                      started=started, server=server)
                 raise
             if ctx.request_id is not None:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
@@ -153,7 +159,8 @@ class TokenMiddleware:
                 except Exception:
                     rec._fault("estimate")
                 else:
-                    rec.record_output(span, "server", method, tool, result=wire, session_id=session_key)
+                    rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
+                                      started=started, server=server)
             return result
         finally:
             detach(token)
@@ -207,17 +214,19 @@ class DispatcherProxy:
         takeover = _TAKEOVER.set(span if span is not None and not self._direct else None)
         rec.record_input(span, "client", method, params, self._key)
         tool = called_tool(method, params)
+        started = time.perf_counter()
         try:
             try:
                 result = await self._inner.send_raw_request(method, params, opts)
             except MCPError as exc:
-                rec.record_output(span, "client", method, tool, error=exc.error, session_id=self._key)
+                rec.record_output(span, "client", method, tool, error=exc.error, session_id=self._key,
+                                  started=started)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
                 raise
-            rec.record_output(span, "client", method, tool, result=result, session_id=self._key)
+            rec.record_output(span, "client", method, tool, result=result, session_id=self._key, started=started)
             if method == "initialize" and isinstance(result, Mapping):
                 rec.set_attributes(span, {"mcp.protocol.version": str(result.get("protocolVersion", ""))})
             return result
@@ -279,16 +288,19 @@ class DispatcherProxy:
         except Exception:
             rec._fault("span")
         rec.record_input(span, "client", method, params, self._key)
+        started = time.perf_counter()
         try:
             try:
                 result = await on_request(dctx, method, params)
             except MCPError as exc:
-                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key)
+                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key,
+                                  started=started)
                 raise
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
-            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key)
+            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
+                              started=started)
             return result
         finally:
             detach(token)
@@ -405,7 +417,7 @@ class V2Shim:
             chain = low.middleware
             if not any(getattr(m, _MARK, False) for m in chain):
                 # After OpenTelemetryMiddleware (index 0): we run inside the SDK's SERVER span.
-                chain.append(TokenMiddleware(self))
+                chain.append(TokenMiddleware(self, getattr(low, "name", None)))
             self._servers.add(low)
         except Exception:
             self.recorder._fault("install")

@@ -51,6 +51,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
         created_series=config.created_series,
+        server=recorder.server_label(),
     )
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
     recorder.add_sink(metrics)  # only once everything that can fail has been built
