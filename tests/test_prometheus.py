@@ -354,3 +354,23 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
 
     fast, reference = sink.exposition(), generate_latest(sink.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
+
+
+def test_the_server_serves_the_fast_exposition_for_plain_text_and_the_client_encoder_for_openmetrics() -> None:
+    from mcp_token_otel.emitters.prometheus_service import start_prometheus
+
+    config = config_from_dict({"estimator": "chars/4", "prometheus": {"port": 0}})
+    recorder = TokenRecorder(config)
+    service = start_prometheus(recorder, config.prometheus)
+    try:
+        assert service.server is not None
+        drive(recorder)
+        url = f"http://127.0.0.1:{service.server.port}/metrics"
+        status, content_type, body = scrape(url)
+        assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
+        assert body.encode() == service.metrics.exposition()  # no traffic in between: the same bytes
+        status, content_type, body = scrape(url, accept="application/openmetrics-text; version=1.0.0")
+        assert status == 200 and content_type.startswith("application/openmetrics-text") and body.endswith("# EOF\n")
+    finally:
+        service.close()
+        recorder.close()
