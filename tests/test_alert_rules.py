@@ -229,14 +229,14 @@ def test_amtool_routes(severity: str, receiver: str) -> None:
 def test_alertmanager_structure() -> None:
     config = _load(AM_CONFIG)
     route = config["route"]
-    assert route["group_by"] == ["alertname", "job", "tool"]
+    assert route["group_by"] == ["alertname", "job", "server", "tool"]
     for key in ("group_wait", "group_interval", "repeat_interval"):
         assert key in route
     inhibit = config["inhibit_rules"]
     assert any(
         r.get("source_matchers") == ['severity="critical"']
         and r.get("target_matchers") == ['severity="warning"']
-        and r.get("equal") == ["alertname", "job", "tool"]
+        and r.get("equal") == ["alertname", "job", "server", "tool"]
         for r in inhibit
     ), inhibit
     urls = {r["name"]: [w["url"] for w in r.get("webhook_configs", [])] for r in config["receivers"]}
