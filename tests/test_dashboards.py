@@ -536,7 +536,8 @@ def test_every_template_variable_has_values(live: Live) -> None:
             selector, label = match.groups()
             params: dict[str, Any] = {"start": f"{now - 60:.3f}", "end": f"{now:.3f}"}
             if selector:
-                params["match[]"] = _expand(selector, {"job": ".*", "instance": ".*", "side": ".*", "tool": ".*"})
+                everything = {"job": ".+", "instance": ".+", "server": ".+", "side": ".+", "tool": ".+"}
+                params["match[]"] = _expand(selector, everything)
             values = _api(live.prometheus, f"/api/v1/label/{label}/values", **params)
             assert values, f"{name}: variable {var['name']} has no values"
 

@@ -38,7 +38,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_SESSION_ID, A_TRANSPORT, call_attributes, span_name
+from ..emitters.semconv import A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ..recorder import TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
@@ -130,6 +130,10 @@ class TokenMiddleware:
                 extra[A_TRANSPORT] = transport
             if ctx.protocol_version and own is not None:
                 extra["mcp.protocol.version"] = ctx.protocol_version
+            if ctx.request is not None:  # HTTP: the address the client reached, the HTTP version
+                scope = getattr(ctx.request, "scope", None)
+                extra.update(http_attributes(getattr(ctx.request, "url", None),
+                                             scope.get("http_version") if isinstance(scope, Mapping) else None))
         except Exception:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
@@ -177,6 +181,8 @@ class DispatcherProxy:
         self._direct = not isinstance(inner, jrd.JSONRPCDispatcher)
         self._transport = None if self._direct else transport
         self._key = uuid.uuid4().hex  # budget key: stable for this ClientSession
+        # server.address/port and network.protocol.name of an HTTP transport (on the span with the estimate).
+        self._http = http_attributes(getattr(self._transport[1], "url", None)) if self._transport else {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -212,7 +218,7 @@ class DispatcherProxy:
         except Exception:
             rec._fault("span")
         takeover = _TAKEOVER.set(span if span is not None and not self._direct else None)
-        rec.record_input(span, "client", method, params, self._key)
+        rec.record_input(span, "client", method, params, self._key, attributes=self._http)
         tool = called_tool(method, params)
         started = time.perf_counter()
         try:

@@ -116,6 +116,30 @@ DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0
 BYTE_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 13))
 
 
+def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:
+    """``server.address``/``server.port`` and ``network.protocol.name``/``.version`` of an HTTP transport, from
+    its URL (a string or an object with ``hostname``/``port``/``scheme``) and the request's HTTP version."""
+    attrs: dict[str, Any] = {}
+    try:
+        if isinstance(url, str):
+            from urllib.parse import urlsplit
+
+            url = urlsplit(url)
+        host = getattr(url, "hostname", None)
+        if host:
+            attrs[A_SERVER_ADDRESS] = host
+            port = getattr(url, "port", None) or {"http": 80, "https": 443}.get(getattr(url, "scheme", ""))
+            if port:
+                attrs[A_SERVER_PORT] = int(port)
+            attrs[A_PROTOCOL_NAME] = "http"
+        if isinstance(http_version, str) and http_version:
+            attrs[A_PROTOCOL_NAME] = "http"
+            attrs[A_PROTOCOL_VERSION] = http_version
+    except (ValueError, TypeError):  # a malformed URL or port: no attributes rather than a fault
+        return {}
+    return attrs
+
+
 def span_name(method: str, params: Any) -> str:
     """``{mcp.method.name} {target}``: the tool or prompt name is the target (semconv)."""
     if method in ("tools/call", "prompts/get") and isinstance(params, Mapping):

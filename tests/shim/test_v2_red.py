@@ -322,3 +322,15 @@ def test_duration_keyword_on_record_output(otel: Otel) -> None:
     assert one(found, "mcp_token_operation_duration_seconds_bucket", side="proxy", tool="t", le="1.0") == 0
     assert one(found, "mcp_token_operation_duration_seconds_bucket", side="proxy", tool="t", le="2.0") == 1
     assert not math.isnan(one(found, "mcp_token_session_transitions_total", side="proxy", state="exhausted"))
+
+
+def test_http_attributes_from_urls() -> None:
+    from mcp_token_otel.emitters.semconv import http_attributes
+
+    assert http_attributes("https://mcp.example.com/mcp") == {
+        "server.address": "mcp.example.com", "server.port": 443, "network.protocol.name": "http"}
+    assert http_attributes("http://[::1]:8000/mcp", "2") == {
+        "server.address": "::1", "server.port": 8000, "network.protocol.name": "http",
+        "network.protocol.version": "2"}
+    assert http_attributes("not a url") == {} and http_attributes(None) == {}
+    assert http_attributes("http://host:99999/") == {}  # a port out of range: nothing rather than a fault
