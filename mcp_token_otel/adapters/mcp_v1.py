@@ -42,7 +42,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, span_name
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
@@ -354,7 +354,9 @@ class V1Shim:
             request = self._inject(request, data)
         except Exception:
             rec._fault("span")
-        rec.record_input(span, side, method, params, key)
+        # HTTP: server.address/port and network.protocol.name from the transport's URL (with the estimate).
+        http = http_attributes(getattr(info.http, "url", None)) if info.http is not None else None
+        rec.record_input(span, side, method, params, key, attributes=http)
         tool = called_tool(method, params)
         started = time.perf_counter()
         try:

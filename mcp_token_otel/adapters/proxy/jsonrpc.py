@@ -33,7 +33,7 @@ S2C = "server_to_client"
 DIRECTIONS = (C2S, S2C)
 KINDS = ("request", "response", "notification", "invalid", "unmatched")
 
-#: Span attribute: the proxied server's name (``--name``); metrics get it as ``server`` with issue 11.
+#: Span attribute: the proxied server's name (``--name``); metrics carry it as ``server`` (the recorder's default).
 A_SERVER_NAME = "mcp_token.server.name"
 
 LINES, BODY, SSE = "lines", "body", "sse"
