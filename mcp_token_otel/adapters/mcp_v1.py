@@ -92,6 +92,16 @@ class _InboundState:
     server: str | None = None  # the server's own name (server side)
 
 
+def _request_http_attributes(responder: Any) -> dict[str, Any] | None:
+    """server.address/port and network.protocol.* of an HTTP request (a Starlette Request in the metadata)."""
+    request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
+    url = getattr(request, "url", None)
+    if url is None:
+        return None
+    scope = getattr(request, "scope", None)
+    return http_attributes(url, scope.get("http_version") if isinstance(scope, Mapping) else None)
+
+
 def _server_name(session: Any) -> str | None:
     """A ServerSession's server name (its InitializationOptions.server_name)."""
     name = getattr(getattr(session, "_init_options", None), "server_name", None)
@@ -551,7 +561,8 @@ class V1Shim:
             detach(token)
             rec.end_span(span)
             return
-        rec.record_input(span, side, method, params, key, server=server)
+        http = _request_http_attributes(responder) if side == "server" else None
+        rec.record_input(span, side, method, params, key, attributes=http, server=server)
 
     def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
