@@ -38,7 +38,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ..recorder import TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, is_mcp_span, wire_dict
@@ -129,7 +129,7 @@ class TokenMiddleware:
             if transport:
                 extra[A_TRANSPORT] = transport
             if ctx.protocol_version and own is not None:
-                extra["mcp.protocol.version"] = ctx.protocol_version
+                extra[A_PROTOCOL] = ctx.protocol_version
             if ctx.request is not None:  # HTTP: the address the client reached, the HTTP version
                 scope = getattr(ctx.request, "scope", None)
                 extra.update(http_attributes(getattr(ctx.request, "url", None),
