@@ -3,8 +3,8 @@
 Families (prefix ``mcp_token_``; documented in README):
     message_tokens                   histogram  side, server, method, tool, direction
     tokens_total                     counter    side, server, method, tool, direction   (the histogram's sum)
-    message_bytes                    histogram  side, server, method, tool, direction   (UTF-8 bytes)
-    bytes_total                      counter    side, server, method, tool, direction   (its sum)
+    message_bytes                    histogram  side, server, method, tool, direction   (UTF-8 bytes, output only)
+    bytes_total                      counter    side, server, method, tool, direction   (input and output)
     responses_total                  counter    side, server, method, tool, risk_tier   (output messages per tier)
     risk_breaches_total              counter    side, server, method, tool, risk_tier (high, critical)
     call_errors_total                counter    side, server, method, tool, error_type  (JSON-RPC error, isError)
@@ -129,7 +129,7 @@ _TRANSITION_LABELS = ("side", "server", "state")
 _HELP = {
     "message_tokens": "Estimated tokens of one MCP message (input: request params; output: the response).",
     "tokens": "Estimated tokens of MCP messages.",
-    "message_bytes": "UTF-8 bytes of one MCP message as measured (input: request params; output: the response).",
+    "message_bytes": "UTF-8 bytes of one MCP response as measured (output messages only).",
     "bytes": "UTF-8 bytes of MCP messages.",
     "responses": "Output messages per risk tier.",
     "breaches": "Output messages in the high or critical risk tier.",
@@ -212,7 +212,7 @@ class _AggregateCollector(Collector):
         # use it (and that join with the OpenTelemetry path's counter of the same name).
         yield self._counter(f"{PREFIX}_tokens", _HELP["tokens"], self._sums(sink._tokens))
         yield self._histogram(f"{PREFIX}_message_bytes", _HELP["message_bytes"], _MESSAGE_LABELS, sink._bytes)
-        yield self._counter(f"{PREFIX}_bytes", _HELP["bytes"], self._sums(sink._bytes))
+        yield self._counter(f"{PREFIX}_bytes", _HELP["bytes"], self._rows(_MESSAGE_LABELS, sink._byte_sums))
         responses = self._rows(_TIER_LABELS, sink._responses)
         yield self._counter(f"{PREFIX}_responses", _HELP["responses"], responses)
         yield self._counter(
@@ -285,6 +285,7 @@ class PrometheusMetrics:
         lock = threading.Lock()
         self._tokens = HistFamily(TOKEN_BUCKETS, lock, _named_labels)
         self._bytes = HistFamily(BYTE_BUCKETS, lock, _named_labels)
+        self._byte_sums = CountFamily(lock, _named_labels)
         self._overhead = HistFamily(RATIO_BUCKETS, lock, _named_labels)
         self._operation = HistFamily(DURATION_BUCKETS, lock, _named_labels)
         self._utilization = HistFamily(UTILIZATION_BUCKETS, lock, _plain_labels)
@@ -365,8 +366,9 @@ class PrometheusMetrics:
         key = (side, server, method, tool, direction)
         # Exemplars where they help: a breach links its bucket to the trace that caused it.
         self._tokens.observe(key, measurement.total_tokens, _exemplar() if breach else None)
-        self._bytes.observe(key, measurement.bytes)
-        if direction == "output":
+        self._byte_sums.add(key, measurement.bytes)
+        if direction == "output":  # the size distribution of responses (requests are small; their sum is kept)
+            self._bytes.observe(key, measurement.bytes)
             out = (side, server, method, tool)
             self._overhead.observe(out, measurement.overhead_ratio)
             if out not in self._known_outputs:  # breach series exist at 0 before a first breach, for increase()
@@ -497,7 +499,7 @@ class _SharedFileFamilies:
             children = (
                 self.message_tokens.labels(*labels, direction),
                 self.tokens.labels(*labels, direction),
-                self.message_bytes.labels(*labels, direction),
+                self.message_bytes.labels(*labels, direction) if output else None,
                 self.bytes.labels(*labels, direction),
                 self.overhead.labels(*labels) if output else None,
                 {t: self.responses.labels(*labels, t) for t in RISK_TIERS} if output else None,
@@ -520,7 +522,8 @@ class _SharedFileFamilies:
         )
         tokens_hist.observe(m.total_tokens)
         tokens_total.inc(m.total_tokens)
-        bytes_hist.observe(m.bytes)
+        if bytes_hist is not None:
+            bytes_hist.observe(m.bytes)
         bytes_total.inc(m.bytes)
         if overhead is not None:
             overhead.observe(m.overhead_ratio)

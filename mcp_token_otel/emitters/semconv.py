@@ -112,8 +112,8 @@ RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 #: The MCP conventions' boundaries for the operation and session durations (seconds).
 DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-#: Message sizes in bytes: powers of 4 from 64 B to 16 MiB (the token buckets' span at ~4 bytes a token).
-BYTE_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 13))
+#: Response sizes in bytes: powers of 8 from 512 B to 16 MiB (six bounds keep the family small at 100 tools).
+BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 9))
 
 
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:

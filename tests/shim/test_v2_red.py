@@ -176,8 +176,11 @@ def test_message_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, Prome
     assert 20_000 <= size < 20_400
     assert one(found, "mcp_token_bytes_total", **labels) == size
     assert one(found, "mcp_token_message_bytes_count", **labels) == 1
-    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="65536.0") == 1
-    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="16384.0") == 0
+    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="32768.0") == 1
+    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="4096.0") == 0
+    # Requests: their bytes are summed, their sizes not bucketed (the family stays small).
+    assert one(found, "mcp_token_bytes_total", **{**labels, "direction": "input"}) > 0
+    assert not pick(found, "mcp_token_message_bytes_count", direction="input")
     (otel_bytes,) = [p for p in otel.metrics()["mcp_token.bytes"]
                      if p.attributes.get("gen_ai.tool.name") == "text"
                      and p.attributes["mcp_token.direction"] == "output" and p.attributes["mcp_token.side"] == "server"]
