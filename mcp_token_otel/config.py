@@ -98,6 +98,11 @@ class MetricsConfig:
     #: Record OpenTelemetry SDK metric points on a background thread (the SDK costs 12-30 µs a point);
     #: false records them inline, in the MCP call.
     defer_otel: bool = True
+    #: The ``server`` label/attribute on every series; empty: the server's own name (server side), the
+    #: ``serverInfo.name`` of initialize (client side), the proxy's ``--name``.
+    server_name: str = ""
+    #: Distinct server names kept as labels; later names share the overflow value.
+    max_server_names: int = field(default=20, metadata=_POSITIVE_INT)
 
 
 @dataclass(frozen=True)

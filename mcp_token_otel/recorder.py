@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from opentelemetry import metrics, trace
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from .config import Config, build_policy
@@ -30,7 +33,7 @@ from .core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
 from .core.measure import Measurement, Policy, measure_error, measure_request, measure_result
 from .core.risk import BREACH_TIERS
 from .emitters.deferred import DeferredSink
-from .emitters.otel_metrics import MetricsSink, OtelMetricsSink
+from .emitters.otel_metrics import CallInfo, MetricsSink, OtelMetricsSink
 from .emitters.semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
@@ -40,14 +43,19 @@ from .emitters.semconv import (
     A_OUTPUT_TOKENS,
     A_OVERHEAD_RATIO,
     A_OVERHEAD_TOKENS,
+    A_PROTOCOL,
+    A_RESOURCE_URI,
     A_RESULT,
     A_RISK_TIER,
     A_SESSION_STATE,
     A_SESSION_TOKENS,
     A_SESSION_UTILIZATION,
     A_STATUS_CODE,
+    A_TOOL_DEFINITION_TOKENS,
+    A_TRANSPORT,
     EVENT_BUDGET,
     EVENT_RISK,
+    SCHEMA_URL,
     SCOPE_NAME,
 )
 
@@ -55,6 +63,34 @@ logger = logging.getLogger(__name__)
 
 Side = Literal["client", "server", "proxy"]
 SIDES: tuple[Side, ...] = ("client", "server", "proxy")
+#: The GenAI conventions' content-capture switch, honoured beside ``spans.capture_content``.
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CAPTURE_VALUES = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
+_MAX_SESSION_META = 100_000
+
+
+def capture_from_env() -> bool:
+    """True when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT asks for content on spans."""
+    return os.environ.get(CAPTURE_ENV, "").strip().lower() in _CAPTURE_VALUES
+
+
+def _server_info_name(result: Any) -> str | None:
+    """``serverInfo.name`` of an initialize result (wire dict or model)."""
+    info = result.get("serverInfo") if isinstance(result, Mapping) else getattr(result, "server_info", None)
+    name = info.get("name") if isinstance(info, Mapping) else getattr(info, "name", None)
+    return name if isinstance(name, str) and name else None
+
+
+class _SessionMeta:
+    """What the recorder keeps per live session for its metrics: when it began and which server it is."""
+
+    __slots__ = ("protocol", "server", "started", "transport")
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.server: str | None = None
+        self.transport: str | None = None
+        self.protocol: str | None = None
 
 
 def _status_unset(span: Span) -> bool:
@@ -110,6 +146,17 @@ def _write_bounded(value: Any, out: list[str], limit: int, depth: int) -> int:
     return limit - len(piece)
 
 
+def _status_description(m: Measurement, result: Any, error: Any) -> str:
+    """A short status description: the JSON-RPC error's code and message, or the tool error's first text."""
+    if m.error_type == "tool_error":
+        content = result.get("content") if isinstance(result, Mapping) else None
+        first = content[0] if isinstance(content, list) and content else None
+        text = first.get("text") if isinstance(first, Mapping) else None
+        return f"tool_error: {text[:200]}" if isinstance(text, str) and text else "tool_error"
+    message = error.get("message") if isinstance(error, Mapping) else getattr(error, "message", None)
+    return f"{m.error_type}: {message[:200]}" if isinstance(message, str) and message else str(m.error_type)
+
+
 def _budget_attributes(update: BudgetUpdate) -> dict[str, Any]:
     return {
         A_SESSION_TOKENS: update.tokens,
@@ -136,25 +183,35 @@ class TokenRecorder:
         meter_provider: metrics.MeterProvider | None = None,
         *,
         policy: Policy | None = None,
+        server_name: str | None = None,
     ) -> None:
         from . import __version__
 
         self.config = config or Config()
         self.policy = policy or build_policy(self.config)
         self.tracer: Tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(
-            SCOPE_NAME, __version__
+            SCOPE_NAME, __version__, schema_url=SCHEMA_URL
         )
-        self._capture = self.config.spans.capture_content
+        self._capture = self.config.spans.capture_content or capture_from_env()
         self._max_chars = self.config.spans.max_content_chars
         self.tool_names = NameLimiter(
             self.config.metrics.max_tool_names, self.config.metrics.overflow_tool_name
         )
+        self.server_names = NameLimiter(
+            self.config.metrics.max_server_names, self.config.metrics.overflow_tool_name
+        )
+        #: metrics.server_name: one name for every series, whatever the sessions say.
+        self._server_override = self.config.metrics.server_name or None
+        #: The name when nothing more specific is known (the proxy's --name).
+        self.default_server: str = server_name or ""
+        self._session_meta: dict[tuple[str, str], _SessionMeta] = {}
         self.method_names = NameLimiter(MAX_METHODS + len(SPEC_METHODS), self.config.metrics.overflow_tool_name)
         for spec_method in SPEC_METHODS:
             self.method_names(spec_method)
         budget = self.config.budget
         self._budget_lock = threading.Lock()
-        self._ended: deque[tuple[str, float]] = deque()  # sessions ended under the lock, to report after it
+        # Sessions ended under the lock, to report after it.
+        self._ended: deque[tuple[str, float, _SessionMeta | None]] = deque()
         self.sessions: dict[str, SessionRegistry] = {
             side: SessionRegistry(
                 budget.context_window,
@@ -171,7 +228,7 @@ class TokenRecorder:
         self.sinks: list[MetricsSink] = []
         try:
             prom = self.config.prometheus
-            otel_sink: MetricsSink = OtelMetricsSink(
+            otel_sink: Any = OtelMetricsSink(
                 meter_provider,
                 __version__,
                 states=self.states,
@@ -203,7 +260,14 @@ class TokenRecorder:
                     self._fault("metrics")
 
     def add_sink(self, sink: MetricsSink) -> None:
-        """Send metrics to another sink too (e.g. a Prometheus client registry)."""
+        """Send metrics to another sink too.
+
+        The built-in pre-aggregating sinks (``server_aware``) run inline: a message costs them a dict
+        increment. Any other sink runs off the MCP call path, replayed by a :class:`DeferredSink`'s background
+        thread, so a sink that blocks or is slow never holds up a call (``flush()`` replays now).
+        """
+        if getattr(sink, "server_aware", False) is not True and not isinstance(sink, DeferredSink):
+            sink = DeferredSink(sink, on_error=self._fault)
         self.sinks.append(sink)
 
     def _fault(self, stage: str) -> None:
@@ -216,20 +280,36 @@ class TokenRecorder:
             except Exception:
                 self.error_counts["metrics"] += 1
 
-    def _emit(self, name: str, *args: Any) -> None:
-        """Call ``name`` on every sink; a failing sink does not stop the others."""
+    def _emit(self, name: str, *args: Any, server: tuple[Any, ...] | None = None) -> None:
+        """Call ``name`` on every sink; a failing sink does not stop the others. ``server``: the arguments the
+        built-in (server-aware) sinks take after ``args``; user sinks get ``args`` alone."""
         for sink in self.sinks:
             try:
-                getattr(sink, name)(*args)
+                if server is not None and getattr(sink, "server_aware", False) is True:
+                    getattr(sink, name)(*args, *server)
+                else:
+                    getattr(sink, name)(*args)
             except Exception:
                 self._fault("metrics")
+
+    def _emit_rich(self, name: str, *args: Any) -> None:
+        """A call only the built-in sinks know (calls, tool definitions)."""
+        for sink in self.sinks:
+            if getattr(sink, "server_aware", False) is True:
+                try:
+                    getattr(sink, name)(*args)
+                except Exception:
+                    self._fault("metrics")
 
     # ------------------------------------------------------------------ spans
 
     def start_span(
         self, name: str, kind: SpanKind, attributes: dict[str, Any] | None = None, context: Any = None
     ) -> Span | None:
-        """Open one of our spans; None when the tracing pipeline fails (the call goes on without it)."""
+        """Open one of our spans; None when the tracing pipeline fails (the call goes on without it) or when
+        instrumentation is suppressed in this context."""
+        if not is_instrumentation_enabled():
+            return None
         try:
             return self.tracer.start_span(
                 name,
@@ -263,7 +343,7 @@ class TokenRecorder:
         try:
             if span is not None and span.is_recording():
                 span.set_attribute(A_ERROR_TYPE, type(exc).__qualname__)
-                span.set_status(StatusCode.ERROR, str(exc)[:200])
+                span.set_status(StatusCode.ERROR, f"{type(exc).__qualname__}: {str(exc)[:200]}")
         except Exception:
             self._fault("span")
 
@@ -277,12 +357,18 @@ class TokenRecorder:
         params: Any,
         session_id: str | None = None,
         attributes: Mapping[str, Any] | None = None,
+        *,
+        server: str | None = None,
     ) -> Measurement | None:
         """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget.
 
         ``attributes`` (the adapter's own, e.g. transport and session id) go onto the span in the same
         ``set_attributes`` call. The session's running totals go on with the response (set once per span).
+        ``server``: the server's own name, where the adapter knows it (the server side).
+        Nothing is recorded inside an OpenTelemetry suppression context.
         """
+        if not is_instrumentation_enabled():
+            return None
         try:
             measurement = measure_request(method, params, self.policy)
         except Exception:
@@ -291,6 +377,7 @@ class TokenRecorder:
                 self.set_attributes(span, attributes)
             return None
         update = self._budget(side, session_id, measurement.total_tokens)
+        meta = self._meta(side, session_id, server, attributes)
         try:
             if span is not None and span.is_recording():
                 attrs: dict[str, Any] = dict(attributes) if attributes else {}
@@ -298,13 +385,17 @@ class TokenRecorder:
                 attrs[A_ESTIMATOR] = self.policy.estimator_name
                 if self._capture and method == "tools/call" and isinstance(params, Mapping):
                     attrs[A_ARGUMENTS] = _truncate(params.get("arguments"), self._max_chars)
+                elif method.startswith("resources/") and isinstance(params, Mapping):
+                    uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
+                    if isinstance(uri, str):
+                        attrs[A_RESOURCE_URI] = uri
                 if update is not None and update.transitions:  # the state entered is news: say it now
                     attrs.update(_budget_attributes(update))
                     _budget_events(span, update)
                 span.set_attributes(attrs)
         except Exception:
             self._fault("span")
-        self._metrics(side, method, measurement.tool_name, "input", measurement, update)
+        self._metrics(side, method, measurement.tool_name, "input", measurement, update, self._server(meta, server))
         return measurement
 
     def record_output(
@@ -316,8 +407,21 @@ class TokenRecorder:
         result: Any = None,
         error: Any = None,
         session_id: str | None = None,
+        *,
+        started: float | None = None,
+        duration_s: float | None = None,
+        server: str | None = None,
     ) -> Measurement | None:
-        """Measure a response: ``result`` (wire dict or model) or ``error`` (MCPError/ErrorData/dict)."""
+        """Measure a response: ``result`` (wire dict or model) or ``error`` (MCPError/ErrorData/dict).
+
+        ``started`` (a ``time.perf_counter()`` value taken when the request went out or came in) or
+        ``duration_s`` times the call for the conventions' operation duration; ``server`` is the server's
+        own name where the adapter knows it. Nothing is recorded inside a suppression context.
+        """
+        if not is_instrumentation_enabled():
+            return None
+        if duration_s is None and started is not None:
+            duration_s = max(0.0, time.perf_counter() - started)
         try:
             if error is not None:
                 measurement = measure_error(method, error, tool_name=tool_name, policy=self.policy)
@@ -326,27 +430,104 @@ class TokenRecorder:
         except Exception:
             self._fault("estimate")
             return None
-        if method == "tools/list" and error is None:
-            self._admit_declared_tools(result)
         update = self._budget(side, session_id, measurement.total_tokens)
+        meta = self._meta(side, session_id, server, None)
+        definitions: tuple[int, dict[str, int]] | None = None
+        if error is None and method in ("initialize", "tools/list"):
+            definitions = self._from_result(side, method, result, meta)
+        server_label = self._server(meta, server)
+        call = CallInfo(measurement.error_type, duration_s)
         try:
             if span is not None and span.is_recording():
-                self._output_on_span(span, measurement, result, update)
+                self._output_on_span(span, measurement, result, update, definitions, error)
+                if duration_s is not None:  # the conventions' metric attributes the span already carries
+                    span_attrs = getattr(span, "attributes", None)
+                    if isinstance(span_attrs, Mapping):
+                        call.transport = span_attrs.get(A_TRANSPORT)
+                        call.protocol = span_attrs.get(A_PROTOCOL)
+                        if meta is not None:
+                            meta.transport = meta.transport or call.transport
+                            meta.protocol = meta.protocol or call.protocol
         except Exception:
             self._fault("span")
-        self._metrics(side, method, tool_name, "output", measurement, update)
+        if call.transport is None and meta is not None:
+            call.transport, call.protocol = meta.transport, meta.protocol
+        self._metrics(side, method, tool_name, "output", measurement, update, server_label, call)
+        if definitions is not None:
+            self._emit_rich("record_tool_definitions", server_label, *definitions)
         return measurement
 
-    def _admit_declared_tools(self, result: Any) -> None:
-        """Tools a server declares are real: their names become labels before their first call."""
+    def _from_result(
+        self, side: Side, method: str, result: Any, meta: _SessionMeta | None
+    ) -> tuple[int, dict[str, int]] | None:
+        """What an initialize or tools/list result tells: the server's name; the tools it declares (their
+        names become labels before their first call) and what their definitions cost in context."""
         try:
+            if method == "initialize":
+                name = _server_info_name(result) if side != "server" else None
+                if name is not None and meta is not None:
+                    meta.server = name
+                return None
             tools = result.get("tools") if isinstance(result, Mapping) else None
-            for tool in tools if isinstance(tools, list) else ():
-                name = tool.get("name") if isinstance(tool, Mapping) else None
+            if not isinstance(tools, list):
+                return None
+            from .core.profiles import tool_definition_tokens
+
+            total = 0
+            per_tool: dict[str, int] = {}
+            overflow = self.tool_names.overflow
+            estimator = self.policy.estimator
+            for tool in tools:
+                if not isinstance(tool, Mapping):
+                    continue
+                tokens = tool_definition_tokens(tool, estimator)
+                total += tokens
+                name = tool.get("name")
                 if isinstance(name, str):
-                    self.tool_names(name)
+                    label = self.tool_names(name)
+                    if label is not None and label != overflow:  # per-tool figures only within the bound
+                        per_tool[label] = tokens
+            return total, per_tool
         except Exception:
             self._fault("metrics")
+            return None
+
+    def _meta(
+        self, side: Side, session_id: str | None, server: str | None, attributes: Mapping[str, Any] | None
+    ) -> _SessionMeta | None:
+        """The session's metric context, created at its first message (the session's start)."""
+        if session_id is None:
+            return None
+        try:
+            key = (side, session_id)
+            meta = self._session_meta.get(key)
+            if meta is None:
+                if len(self._session_meta) >= _MAX_SESSION_META:  # only if sessions end unseen
+                    self._session_meta.clear()
+                meta = self._session_meta[key] = _SessionMeta()
+            if server and meta.server is None:
+                meta.server = server
+            if attributes and meta.transport is None:
+                meta.transport = attributes.get(A_TRANSPORT)
+            return meta
+        except Exception:
+            self._fault("metrics")
+            return None
+
+    def server_label(self) -> str:
+        """The ``server`` label of series with no session to tell more (the override, or the proxy's name)."""
+        return self._server(None)
+
+    def _server(self, meta: _SessionMeta | None, server: str | None = None) -> str:
+        """The bounded ``server`` label: config override, then the adapter's, the proxy's --name, the session's."""
+        name = self._server_override or server or self.default_server or (meta.server if meta is not None else None)
+        if not name:
+            return ""
+        try:
+            return self.server_names(name) or ""
+        except Exception:
+            self._fault("metrics")
+            return ""
 
     def end_session(self, side: Side, session_id: str | None) -> None:
         """The connection is gone: close its budget (observes ``mcp_token.session.utilization``)."""
@@ -369,15 +550,18 @@ class TokenRecorder:
     def _session_ended_callback(self, side: Side) -> Callable[[str, SessionBudget, str], None]:
         # Called by the registry under _budget_lock: only note it; _emit_ended() reports it after the lock,
         # so no sink ever runs while the lock is held (a sink may read states()).
-        def ended(_session_id: str, budget: SessionBudget, _why: str) -> None:
-            self._ended.append((side, budget.utilization))
+        def ended(session_id: str, budget: SessionBudget, _why: str) -> None:
+            self._ended.append((side, budget.utilization, self._session_meta.pop((side, session_id), None)))
 
         return ended
 
     def _emit_ended(self) -> None:
         while self._ended:
-            side, utilization = self._ended.popleft()
-            self._emit("record_session_end", side, utilization)
+            side, utilization, meta = self._ended.popleft()
+            call = CallInfo()
+            if meta is not None:
+                call = CallInfo(None, max(0.0, time.monotonic() - meta.started), meta.transport, meta.protocol)
+            self._emit("record_session_end", side, utilization, server=(self._server(meta), call))
 
     def _budget(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:
         if session_id is None:
@@ -392,7 +576,15 @@ class TokenRecorder:
             self._emit_ended()
         return update
 
-    def _output_on_span(self, span: Span, m: Measurement, result: Any, update: BudgetUpdate | None) -> None:
+    def _output_on_span(
+        self,
+        span: Span,
+        m: Measurement,
+        result: Any,
+        update: BudgetUpdate | None,
+        definitions: tuple[int, dict[str, int]] | None = None,
+        error: Any = None,
+    ) -> None:
         attrs: dict[str, Any] = {
             A_OUTPUT_TOKENS: m.total_tokens,
             A_OVERHEAD_TOKENS: m.overhead_tokens,
@@ -406,12 +598,14 @@ class TokenRecorder:
             attrs[A_ERROR_TYPE] = m.error_type
             if m.error_type != "tool_error":
                 attrs[A_STATUS_CODE] = m.error_type
+        if definitions is not None:
+            attrs[A_TOOL_DEFINITION_TOKENS] = definitions[0]
         if self._capture and m.method == "tools/call" and result is not None:
             content = result.get("content", result) if isinstance(result, Mapping) else result
             attrs[A_RESULT] = _truncate(content, self._max_chars)
         span.set_attributes(attrs)
         if m.error_type is not None and _status_unset(span):
-            span.set_status(StatusCode.ERROR)
+            span.set_status(StatusCode.ERROR, _status_description(m, result, error))
         if m.risk_tier in BREACH_TIERS:
             event: dict[str, Any] = {A_RISK_TIER: m.risk_tier, A_OUTPUT_TOKENS: m.total_tokens}
             advisories = m.advisories
@@ -429,6 +623,8 @@ class TokenRecorder:
         direction: str,
         m: Measurement,
         update: BudgetUpdate | None,
+        server: str = "",
+        call: CallInfo | None = None,
     ) -> None:
         try:
             admit = direction == "output" and m.error_type is None
@@ -437,9 +633,13 @@ class TokenRecorder:
         except Exception:
             self._fault("metrics")
             return
-        self._emit("record_message", side, method_label, tool_label, direction, m)
-        if direction == "output" and m.risk_tier in BREACH_TIERS:
-            self._emit("record_breach", side, method_label, tool_label, m.risk_tier)
+        with_server = (server,)
+        self._emit("record_message", side, method_label, tool_label, direction, m, server=with_server)
+        if direction == "output":
+            if m.risk_tier in BREACH_TIERS:
+                self._emit("record_breach", side, method_label, tool_label, m.risk_tier, server=with_server)
+            if call is not None and (call.error_type is not None or call.duration is not None):
+                self._emit_rich("record_call", side, method_label, tool_label, server, call)
         if update is not None:
             for state in update.transitions:
-                self._emit("record_transition", side, state)
+                self._emit("record_transition", side, state, server=with_server)

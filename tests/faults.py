@@ -81,8 +81,7 @@ def break_budgets(recorder: Any) -> None:
 
 
 def break_prometheus(sink: Any) -> int:
-    """Make every family of a PrometheusMetrics sink raise when used (its pre-aggregated families, or the
-    prometheus-client objects of multiprocess mode); the count broken."""
+    """Make every prometheus-client family of a PrometheusMetrics sink raise when used; the count broken."""
     from prometheus_client.metrics import MetricWrapperBase
 
     from mcp_token_otel.emitters.aggregate import CountFamily, HistFamily
@@ -92,12 +91,12 @@ def break_prometheus(sink: Any) -> int:
 
     broken = 0
     for value in vars(sink).values():
-        if isinstance(value, (HistFamily, CountFamily)):
+        if isinstance(value, (HistFamily, CountFamily)):  # the pre-aggregated families
             for method in ("observe", "add", "touch"):
                 if hasattr(value, method):
                     setattr(value, method, fail)
             broken += 1
-        elif isinstance(value, MetricWrapperBase):
+        if isinstance(value, MetricWrapperBase):
             value.labels = fail  # type: ignore[method-assign]
             for method in ("inc", "set", "observe", "dec"):
                 if hasattr(value, method):

@@ -24,19 +24,29 @@ RULE_TESTS = sorted((PROM_DIR / "rules" / "tests").glob("*.test.yml"))
 PROM_CONFIG = PROM_DIR / "prometheus.yml"
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RUNBOOK = REPO / "docs" / "runbook.md"
-RUNBOOK_URL = "https://github.com/mcp-token-otel/mcp-token-otel/blob/main/docs/runbook.md"
+#: The rules' runbook_url base: the runbook shipped in the repository (scripts/gen-k8s --runbook-base and the
+#: documented substitution in docs/runbook.md replace it with where a team hosts it).
+RUNBOOK_URL = "docs/runbook.md"
 
 #: The metric families the service exposes, with their labels (every series also gets job/instance).
 HISTOGRAMS: dict[str, set[str]] = {
-    "mcp_token_message_tokens": {"side", "method", "tool", "direction", "risk_tier"},
-    "mcp_token_overhead_ratio": {"side", "method", "tool"},
-    "mcp_token_session_utilization_ratio": {"side"},
+    "mcp_token_message_tokens": {"side", "server", "method", "tool", "direction"},
+    "mcp_token_message_bytes": {"side", "server", "method", "tool", "direction"},
+    "mcp_token_operation_duration_seconds": {"side", "server", "method", "tool", "error_type"},
+    "mcp_token_overhead_ratio": {"side", "server", "method", "tool"},
+    "mcp_token_session_utilization_ratio": {"side", "server"},
+    "mcp_token_session_duration_seconds": {"side", "server"},
 }
 SIMPLE: dict[str, set[str]] = {
-    "mcp_token_tokens_total": {"side", "method", "tool", "direction"},
-    "mcp_token_risk_breaches_total": {"side", "method", "tool", "risk_tier"},
+    "mcp_token_tokens_total": {"side", "server", "method", "tool", "direction"},
+    "mcp_token_bytes_total": {"side", "server", "method", "tool", "direction"},
+    "mcp_token_responses_total": {"side", "server", "method", "tool", "risk_tier"},
+    "mcp_token_risk_breaches_total": {"side", "server", "method", "tool", "risk_tier"},
+    "mcp_token_call_errors_total": {"side", "server", "method", "tool", "error_type"},
     "mcp_token_sessions": {"side", "state"},
-    "mcp_token_session_transitions_total": {"side", "state"},
+    "mcp_token_session_transitions_total": {"side", "server", "state"},
+    "mcp_token_tool_definitions_tokens": {"server"},
+    "mcp_token_tool_definition_tokens": {"server", "tool"},
     "mcp_token_instrumentation_errors_total": {"stage"},
     "mcp_token_output_rate_budget_tokens_per_second": {"scope"},
 }
@@ -45,7 +55,7 @@ BUILTIN: dict[str, set[str]] = {"up": set()}
 SCRAPE_LABELS = {"job", "instance"}
 #: Closed label value sets (a typo in a matcher would silently match nothing).
 LABEL_VALUES: dict[str, set[str]] = {
-    "side": {"client", "server"},
+    "side": {"client", "server", "proxy"},
     "direction": {"input", "output"},
     "risk_tier": {"low", "medium", "high", "critical"},
     "state": {"ok", "warning", "exhausted"},
@@ -219,14 +229,14 @@ def test_amtool_routes(severity: str, receiver: str) -> None:
 def test_alertmanager_structure() -> None:
     config = _load(AM_CONFIG)
     route = config["route"]
-    assert route["group_by"] == ["alertname", "job", "tool"]
+    assert route["group_by"] == ["alertname", "job", "server", "tool"]
     for key in ("group_wait", "group_interval", "repeat_interval"):
         assert key in route
     inhibit = config["inhibit_rules"]
     assert any(
         r.get("source_matchers") == ['severity="critical"']
         and r.get("target_matchers") == ['severity="warning"']
-        and r.get("equal") == ["alertname", "job", "tool"]
+        and r.get("equal") == ["alertname", "job", "server", "tool"]
         for r in inhibit
     ), inhibit
     urls = {r["name"]: [w["url"] for w in r.get("webhook_configs", [])] for r in config["receivers"]}

@@ -43,7 +43,7 @@ UIDS = {
 #: Dashboards with a `tool` variable.
 WITH_TOOL = {"mcp-token-overview.json", "mcp-token-tools.json"}
 #: Grafana unit ids used here (all from grafana-data's valueFormats categories).
-VALID_UNITS = {"short", "none", "percentunit", "percent", "cps", "reqps", "ops", "s", "ms", "bytes"}
+VALID_UNITS = {"short", "none", "percentunit", "percent", "cps", "reqps", "ops", "s", "ms", "bytes", "Bps"}
 COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 _IDENT = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -190,7 +190,7 @@ def test_template_variables(name: str) -> None:
     dash = dashboards()[name]
     vars_ = variables(dash)
     assert vars_["datasource"]["type"] == "datasource" and vars_["datasource"]["query"] == "prometheus"
-    expected = {"job", "instance"} | ({"tool"} if name in WITH_TOOL else set())
+    expected = {"job", "instance", "server"} | ({"tool"} if name in WITH_TOOL else set())
     assert expected <= set(vars_)
     for var in vars_.values():
         if var["type"] != "query":
@@ -198,7 +198,7 @@ def test_template_variables(name: str) -> None:
         assert var["datasource"] == DS, var["name"]
         assert _LABEL_VALUES.match(variable_query(var)), var["name"]
         assert var["multi"] and var["includeAll"], f"{var['name']}: multi-value with All"
-        assert var.get("allValue") == ".*", f"{var['name']}: All must match every value, also the empty one"
+        assert var.get("allValue") == ".+", f"{var['name']}: All is .+ (dashboard-linter)"
     # instance narrows by job; tool by job and instance.
     assert '$job' in variable_query(vars_["instance"])
     if "tool" in vars_:
@@ -452,7 +452,7 @@ def _scrape(url: str) -> dict[str, set[str]]:
 def test_dashboards_and_rules_chart_exactly_what_the_service_emits(live: Live) -> None:
     families = _scrape(live.metrics_url)
     emitted = set().union(*families.values())
-    assert len(families) == 10, sorted(families)
+    assert len(families) == 17, sorted(families)
     records = recording_rules()
     charted: set[str] = set()
     for name, dash in dashboards().items():
@@ -500,14 +500,14 @@ def _run_target(live: Live, target: dict[str, Any], expr: str) -> list[dict[str,
 
 
 def test_every_panel_query_returns_data(live: Live) -> None:
-    all_values = {"job": ".*", "instance": ".*", "side": ".*", "tool": ".*"}
+    all_values = {"job": ".+", "instance": ".+", "server": ".+", "side": ".+", "tool": ".+"}
     tools = _api(live.prometheus, "/api/v1/label/tool/values")
     assert "export_table" in tools
     # One concrete selection too, as a user clicking through would make it (the critical-tier tool, so its
     # breach panels have something to show).
     # Grafana escapes regex metacharacters of a selected value, then backslashes for the PromQL string.
     concrete = {"job": "mcp-token-otel", "instance": re.escape(live.instance).replace("\\", "\\\\"),
-                "side": "server", "tool": "export_table"}
+                "server": "mcp-token-otel-demo", "side": "server", "tool": "export_table"}
     ran, empty, alerts_only = 0, [], []
     for name, dash in dashboards().items():
         for panel, target in all_targets(dash):
@@ -536,7 +536,8 @@ def test_every_template_variable_has_values(live: Live) -> None:
             selector, label = match.groups()
             params: dict[str, Any] = {"start": f"{now - 60:.3f}", "end": f"{now:.3f}"}
             if selector:
-                params["match[]"] = _expand(selector, {"job": ".*", "instance": ".*", "side": ".*", "tool": ".*"})
+                everything = {"job": ".+", "instance": ".+", "server": ".+", "side": ".+", "tool": ".+"}
+                params["match[]"] = _expand(selector, everything)
             values = _api(live.prometheus, f"/api/v1/label/{label}/values", **params)
             assert values, f"{name}: variable {var['name']} has no values"
 

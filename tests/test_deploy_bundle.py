@@ -382,3 +382,15 @@ def test_deploy_doc_covers_each_way_to_run() -> None:
     for name in ("OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_SERVICE_NAME",
                  "MCP_TOKEN_OTEL_OTEL_CONFIGURE=true", "scripts/gen-k8s"):
         assert name in text
+
+
+def test_gen_k8s_runbook_base_rewrites_every_runbook_url() -> None:
+    base = "https://git.example.com/team/mcp-token-otel/-/blob/main/docs/runbook.md"
+    result = subprocess.run([sys.executable, str(GEN_K8S), "--runbook-base", base], capture_output=True, text=True,
+                            timeout=60, check=True)
+    [rule] = list(yaml.safe_load_all(result.stdout))
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls and all(url.startswith(base + "#mcptoken") for url in urls)
+    shipped = [r["annotations"]["runbook_url"] for g in load(RULES)["groups"] for r in g["rules"] if "alert" in r]
+    assert [url.split("#")[1] for url in urls] == [url.split("#")[1] for url in shipped]
+    assert all(url.startswith("docs/runbook.md#") for url in shipped)  # the runbook shipped in the repository

@@ -258,7 +258,11 @@ WORKER = textwrap.dedent(
     recorder.add_sink(PrometheusMetrics(states=recorder.states))
     for _ in range(int(sys.argv[1])):
         recorder.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x"}]},
-                               session_id="s")
+                               session_id="s", duration_s=0.015, server="mp")
+    recorder.record_output(None, "server", "tools/call", "t", result={"content": [], "isError": True},
+                           session_id="s", duration_s=2.5, server="mp")
+    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": "t", "description": "d"}]},
+                           session_id="s", server="mp")
     """
 )
 READER = textwrap.dedent(
@@ -287,14 +291,23 @@ def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
         return samples(out.stdout.decode())
 
     found = read()
-    assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
+    assert value(found, "mcp_token_message_tokens_count", tool="t") == 9  # 3 + 4 results, one error each
     assert value(found, "mcp_token_tokens_total", tool="t") >= 7
     assert value(found, "mcp_token_sessions", state="ok") == 2  # one live session per worker, summed
     assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool") == 100
+    # The RED families and the server dimension in multiprocess mode too.
+    assert value(found, "mcp_token_message_tokens_count", tool="t", server="mp") == 9
+    assert value(found, "mcp_token_call_errors_total", tool="t", server="mp", error_type="tool_error") == 2
+    assert value(found, "mcp_token_operation_duration_seconds_count", tool="t", error_type="") == 7
+    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", error_type="", le="0.02") == 7
+    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", error_type="tool_error",
+                 le="2.0") == 0
+    assert value(found, "mcp_token_message_bytes_count", tool="t", direction="output") == 9
+    assert value(found, "mcp_token_tool_definitions_tokens", server="mp") > 0
     # once the workers are marked dead, their sessions no longer count as live; counters stay
     found = read(*pids)
     assert value(found, "mcp_token_sessions", state="ok") == 0
-    assert value(found, "mcp_token_message_tokens_count", tool="t") == 7
+    assert value(found, "mcp_token_message_tokens_count", tool="t") == 9
 
 
 def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
@@ -354,3 +367,23 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
 
     fast, reference = sink.exposition(), generate_latest(sink.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
+
+
+def test_the_server_serves_the_fast_exposition_for_plain_text_and_the_client_encoder_for_openmetrics() -> None:
+    from mcp_token_otel.emitters.prometheus_service import start_prometheus
+
+    config = config_from_dict({"estimator": "chars/4", "prometheus": {"port": 0}})
+    recorder = TokenRecorder(config)
+    service = start_prometheus(recorder, config.prometheus)
+    try:
+        assert service.server is not None
+        drive(recorder)
+        url = f"http://127.0.0.1:{service.server.port}/metrics"
+        status, content_type, body = scrape(url)
+        assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
+        assert body.encode() == service.metrics.exposition()  # no traffic in between: the same bytes
+        status, content_type, body = scrape(url, accept="application/openmetrics-text; version=1.0.0")
+        assert status == 200 and content_type.startswith("application/openmetrics-text") and body.endswith("# EOF\n")
+    finally:
+        service.close()
+        recorder.close()

@@ -22,6 +22,7 @@ import contextvars
 import functools
 import logging
 import threading
+import time
 import uuid
 import weakref
 from collections import OrderedDict
@@ -44,7 +45,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, span_name
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
 from ._common import Patches, ShimSlot, called_tool, detach, extract_parent, is_mcp_span, wire_dict
@@ -127,6 +128,24 @@ class _InboundState:
     key: str | None
     info: _SessionInfo | None
     responded: bool = False
+    started: float | None = None  # time.perf_counter() when the request came in (operation duration)
+    server: str | None = None  # the server's own name (server side)
+
+
+def _request_http_attributes(responder: Any) -> dict[str, Any] | None:
+    """server.address/port and network.protocol.* of an HTTP request (a Starlette Request in the metadata)."""
+    request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
+    url = getattr(request, "url", None)
+    if url is None:
+        return None
+    scope = getattr(request, "scope", None)
+    return http_attributes(url, scope.get("http_version") if isinstance(scope, Mapping) else None)
+
+
+def _server_name(session: Any) -> str | None:
+    """A ServerSession's server name (its InitializationOptions.server_name)."""
+    name = getattr(getattr(session, "_init_options", None), "server_name", None)
+    return name if isinstance(name, str) and name else None
 
 
 def _side_of(session: Any) -> Side | None:
@@ -394,20 +413,23 @@ class V1Shim:
             request = self._inject(request, data, info)
         except Exception:
             rec._fault("span")
-        rec.record_input(span, side, method, params, key)
+        # HTTP: server.address/port and network.protocol.name from the transport's URL (with the estimate).
+        http = http_attributes(getattr(info.http, "url", None)) if info.http is not None else None
+        rec.record_input(span, side, method, params, key, attributes=http)
         tool = called_tool(method, params)
+        started = time.perf_counter()
         try:
             try:
                 result = await original(session, request, result_type, *args, **kwargs)
             except McpError as exc:
-                rec.record_output(span, side, method, tool, error=exc.error, session_id=key)
+                rec.record_output(span, side, method, tool, error=exc.error, session_id=key, started=started)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
                 raise
             wire = self._result_dict(result)
-            rec.record_output(span, side, method, tool, result=wire, session_id=key)
+            rec.record_output(span, side, method, tool, result=wire, session_id=key, started=started)
             if method == "initialize" and isinstance(wire, Mapping):
                 version = wire.get("protocolVersion")
                 if isinstance(version, str):
@@ -616,7 +638,11 @@ class V1Shim:
                 token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:
             rec._fault("span")
-        state = _InboundState(span, token, side, method, called_tool(method, params), key, info)
+        server = _server_name(session) if side == "server" else None
+        state = _InboundState(
+            span, token, side, method, called_tool(method, params), key, info, started=time.perf_counter(),
+            server=server,
+        )
         try:
             setattr(responder, _MARK, state)
         except Exception:
@@ -624,7 +650,8 @@ class V1Shim:
             detach(token)
             rec.end_span(span)
             return
-        rec.record_input(span, side, method, params, key)
+        http = _request_http_attributes(responder) if side == "server" else None
+        rec.record_input(span, side, method, params, key, attributes=http, server=server)
 
     def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -643,10 +670,12 @@ class V1Shim:
         rec = self.recorder
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
-            rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key)
+            rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key,
+                              started=state.started, server=state.server)
             return
         result = self._result_dict(response)
-        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key)
+        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key,
+                          started=state.started, server=state.server)
         if state.method == "initialize" and state.side == "server" and isinstance(result, Mapping):
             version = result.get("protocolVersion")
             if isinstance(version, str) and state.info is not None:

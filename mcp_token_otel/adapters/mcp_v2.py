@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import functools
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -46,7 +47,7 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
-from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, span_name
+from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
 from ._common import (
@@ -124,9 +125,19 @@ class OutboundCall:
     CLIENT span, else the shim's own. ``start`` runs once: inside the SDK's span (handed over by the
     ``otel_span`` patch) or, where the SDK opens none, before the call."""
 
-    def __init__(self, shim: V2Shim, side: Side, method: str, params: Any, key: str | None, attrs: dict[str, Any]):
+    def __init__(
+        self,
+        shim: V2Shim,
+        side: Side,
+        method: str,
+        params: Any,
+        key: str | None,
+        attrs: dict[str, Any],
+        input_attrs: Mapping[str, Any] | None = None,
+    ):
         self.shim, self.side, self.method, self.params, self.key = shim, side, method, params, key
         self.attrs = attrs
+        self.input_attrs = input_attrs  # e.g. server.address/port of an HTTP transport, set with the estimate
         self.tool = called_tool(method, params)
         self.span: Span | None = None
         self.own: Span | None = None
@@ -161,7 +172,7 @@ class OutboundCall:
                     self._tokens = _activate(self.own)
         except Exception:
             rec._fault("span")
-        rec.record_input(self.span, self.side, self.method, self.params, self.key)
+        rec.record_input(self.span, self.side, self.method, self.params, self.key, attributes=self.input_attrs)
 
     def end(self, extra: Mapping[str, Any] | None = None) -> None:
         rec = self.shim.recorder
@@ -179,12 +190,14 @@ class OutboundCall:
         # Over JSON-RPC the SDK's otel_span hands its span over; a direct send must not pass the slot on
         # to a JSON-RPC request made while it runs (an in-process handler's own outbound calls).
         capture = _CAPTURE.set(self if jsonrpc else None)
+        t0 = time.perf_counter()
         try:
             try:
                 result = await send()
             except MCPError as exc:
                 self.start()  # the SDK failed before opening its span (e.g. connection closed)
-                rec.record_output(self.span, self.side, self.method, self.tool, error=exc.error, session_id=self.key)
+                rec.record_output(self.span, self.side, self.method, self.tool, error=exc.error, session_id=self.key,
+                                  started=t0)
                 raise
             except Exception as exc:
                 self.start()
@@ -197,7 +210,8 @@ class OutboundCall:
             except Exception:
                 rec._fault("estimate")
             else:
-                rec.record_output(self.span, self.side, self.method, self.tool, result=wire, session_id=self.key)
+                rec.record_output(self.span, self.side, self.method, self.tool, result=wire, session_id=self.key,
+                                  started=t0)
             return result
         finally:
             with contextlib.suppress(ValueError):
@@ -239,8 +253,9 @@ class TokenMiddleware:
 
     _mcp_token_otel = True
 
-    def __init__(self, shim: V2Shim) -> None:
+    def __init__(self, shim: V2Shim, server_name: str | None = None) -> None:
         self._shim = shim
+        self._server = server_name if isinstance(server_name, str) and server_name else None
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         shim = self._shim
@@ -271,11 +286,16 @@ class TokenMiddleware:
             if transport:
                 extra[A_TRANSPORT] = transport
             if ctx.protocol_version and own is not None:
-                extra["mcp.protocol.version"] = ctx.protocol_version
+                extra[A_PROTOCOL] = ctx.protocol_version
+            if ctx.request is not None:  # HTTP: the address the client reached, the HTTP version
+                scope = getattr(ctx.request, "scope", None)
+                extra.update(http_attributes(getattr(ctx.request, "url", None),
+                                             scope.get("http_version") if isinstance(scope, Mapping) else None))
         except Exception:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
-        rec.record_input(span, "server", method, params, session_key, attributes=extra)
+        server = self._server
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
         tool = called_tool(method, params)
         tokens = _activate(own)
         # What the requests this handler sends (sampling, elicitation) are measured with.
@@ -283,18 +303,21 @@ class TokenMiddleware:
         if ctx.protocol_version:
             sends[A_PROTOCOL] = ctx.protocol_version
         server_call = _SERVER_CALL.set((session_key, sends))
+        started = time.perf_counter()
         try:
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
-                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key)
+                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
+                                  started=started, server=server)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
                 if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
                     error = _error_data(exc)
-                    rec.record_output(span, "server", method, tool, error=error, session_id=session_key)
+                    rec.record_output(span, "server", method, tool, error=error, session_id=session_key,
+                                      started=started, server=server)
                 raise
             if ctx.request_id is not None:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
@@ -302,7 +325,8 @@ class TokenMiddleware:
                 except Exception:
                     rec._fault("estimate")
                 else:
-                    rec.record_output(span, "server", method, tool, result=wire, session_id=session_key)
+                    rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
+                                      started=started, server=server)
             return result
         finally:
             with contextlib.suppress(ValueError):
@@ -321,6 +345,8 @@ class DispatcherProxy:
         self._direct = not isinstance(inner, jrd.JSONRPCDispatcher)
         self._transport = None if self._direct else transport
         self._key = uuid.uuid4().hex  # budget key: stable for this ClientSession
+        # server.address/port and network.protocol.name of an HTTP transport (on the span with the estimate).
+        self._http = http_attributes(getattr(self._transport[1], "url", None)) if self._transport else {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -347,7 +373,7 @@ class DispatcherProxy:
             )
         except Exception:
             shim.recorder._fault("span")
-        call = OutboundCall(shim, "client", method, params, self._key, attrs)
+        call = OutboundCall(shim, "client", method, params, self._key, attrs, self._http)
         try:
             result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
             if method == "initialize" and isinstance(result, Mapping):
@@ -405,16 +431,19 @@ class DispatcherProxy:
         except Exception:
             rec._fault("span")
         rec.record_input(span, "client", method, params, self._key)
+        started = time.perf_counter()
         try:
             try:
                 result = await on_request(dctx, method, params)
             except MCPError as exc:
-                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key)
+                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key,
+                                  started=started)
                 raise
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
-            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key)
+            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
+                              started=started)
             return result
         finally:
             _deactivate(tokens)
@@ -592,7 +621,7 @@ class V2Shim:
             chain = low.middleware
             if not any(getattr(m, _MARK, False) for m in chain):
                 # After OpenTelemetryMiddleware (index 0): we run inside the SDK's SERVER span.
-                chain.append(TokenMiddleware(self))
+                chain.append(TokenMiddleware(self, getattr(low, "name", None)))
             self._servers.add(low)
         except Exception:
             self.recorder._fault("install")

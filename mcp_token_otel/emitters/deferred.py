@@ -21,7 +21,6 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 
-from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 
 
@@ -47,9 +46,13 @@ class DeferredSink:
         self._enqueue_lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
-        set_deferred = getattr(sink, "set_deferred", None)
-        if callable(set_deferred):  # lets the sink drain this queue when its metrics are collected
-            set_deferred(self)
+        try:
+            set_deferred = getattr(sink, "set_deferred", None)
+            if callable(set_deferred):  # lets the sink drain this queue when its metrics are collected
+                set_deferred(self)
+        except Exception:  # a user sink that fails at everything still gets its calls (and faults) counted
+            if on_error is not None:
+                on_error("metrics")
         self._thread = threading.Thread(target=self._run, name="mcp-token-otel-metrics", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
@@ -62,21 +65,33 @@ class DeferredSink:
                 return
             self._pending.append(item)
 
-    def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
-        context = otel_context.get_current() if m.risk_tier in BREACH_TIERS else None
-        self._enqueue("record_message", side, method, tool, direction, m, context=context)
+    @property
+    def server_aware(self) -> bool:
+        """The wrapped sink's interface: the recorder calls this one as it would call the sink."""
+        return getattr(self._sink, "server_aware", False) is True
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        self._enqueue("record_breach", side, method, tool, tier, context=otel_context.get_current())
+    def record_message(self, *args: Any) -> None:
+        # args: side, method, tool, direction, measurement[, server]
+        context = otel_context.get_current() if args[4].risk_tier in BREACH_TIERS else None
+        self._enqueue("record_message", *args, context=context)
 
-    def record_transition(self, side: str, state: str) -> None:
-        self._enqueue("record_transition", side, state)
+    def record_breach(self, *args: Any) -> None:
+        self._enqueue("record_breach", *args, context=otel_context.get_current())
 
-    def record_session_end(self, side: str, utilization: float) -> None:
-        self._enqueue("record_session_end", side, utilization)
+    def record_transition(self, *args: Any) -> None:
+        self._enqueue("record_transition", *args)
+
+    def record_session_end(self, *args: Any) -> None:
+        self._enqueue("record_session_end", *args)
 
     def record_error(self, stage: str) -> None:
         self._enqueue("record_error", stage)
+
+    def record_call(self, *args: Any) -> None:
+        self._enqueue("record_call", *args)
+
+    def record_tool_definitions(self, *args: Any) -> None:
+        self._enqueue("record_tool_definitions", *args)
 
     def flush(self) -> None:
         """Replay everything queued so far (the thread does this every interval)."""

@@ -1,5 +1,6 @@
 """The OpenTelemetry metrics emitter: every Prometheus family mirrored as an OTel instrument, so dashboards
-and alerts work through a Collector too."""
+and alerts work through a Collector too, plus the MCP conventions' own duration histograms
+(``mcp.{client,server}.operation.duration``, ``mcp.{client,server}.session.duration``)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,25 @@ from opentelemetry import metrics
 from ..core.measure import Measurement
 from .aggregate import CountFamily
 from .semconv import (
+    A_ERROR_TYPE,
     A_METHOD,
+    A_PROTOCOL,
     A_RISK_TIER,
+    A_SERVER_NAME,
     A_SESSION_STATE,
     A_TOOL,
+    A_TRANSPORT,
+    DURATION_BUCKETS,
     M_DIRECTION,
     M_SCOPE,
     M_SIDE,
     M_STAGE,
+    MCP_CLIENT_OPERATION_DURATION,
+    MCP_CLIENT_SESSION_DURATION,
+    MCP_SERVER_OPERATION_DURATION,
+    MCP_SERVER_SESSION_DURATION,
     RATIO_BUCKETS,
+    SCHEMA_URL,
     SCOPE_NAME,
     TOKEN_BUCKETS,
     UTILIZATION_BUCKETS,
@@ -28,7 +39,8 @@ from .semconv import (
 
 
 class MetricsSink(Protocol):
-    """Where measurements go as metrics. Attribute values are already bounded; never a session id."""
+    """Where measurements go as metrics (the interface a user-added sink implements). Attribute values are
+    already bounded; never a session id. A user sink runs off the MCP call path (see TokenRecorder.add_sink)."""
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
@@ -39,13 +51,51 @@ class MetricsSink(Protocol):
     def record_error(self, stage: str) -> None: ...
 
 
+class ServerAwareSink(Protocol):
+    """The built-in sinks' interface (``server_aware = True``): every call carries the bounded server name,
+    and calls, durations and tool definitions have their own methods."""
+
+    server_aware: bool
+
+    def record_message(
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
+    ) -> None: ...
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None: ...
+    def record_transition(self, side: str, state: str, server: str) -> None: ...
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None: ...
+    def record_error(self, stage: str) -> None: ...
+    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None: ...
+    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None: ...
+
+
+class CallInfo:
+    """What a response (or a session end) adds beyond its tokens: how it ended, how long it took, where."""
+
+    __slots__ = ("duration", "error_type", "protocol", "transport")
+
+    def __init__(
+        self,
+        error_type: str | None = None,
+        duration: float | None = None,
+        transport: str | None = None,
+        protocol: str | None = None,
+    ) -> None:
+        self.error_type = error_type
+        self.duration = duration
+        self.transport = transport
+        self.protocol = protocol
+
+
 class OtelMetricsSink:
     """A :class:`MetricsSink` on an OpenTelemetry Meter.
 
     The SDK costs ~20 µs per synchronous point (attribute cleaning, hashing, exemplar offers), so only the
-    histograms are synchronous, one point per message (plus the overhead ratio of a response). Counters
-    are pre-aggregated here (a dict increment) and reported through observable instruments at collection.
+    histograms are synchronous, one point per message (plus the overhead ratio of a response and the
+    conventions' operation duration of a timed call). Counters (tokens, bytes, responses, errors) are
+    pre-aggregated here (a dict increment) and reported through observable instruments at collection.
     """
+
+    server_aware = True
 
     def __init__(
         self,
@@ -56,7 +106,7 @@ class OtelMetricsSink:
         rate_budgets: Mapping[str, float] | None = None,
     ) -> None:
         provider = meter_provider or metrics.get_meter_provider()
-        meter = provider.get_meter(SCOPE_NAME, version)
+        meter = provider.get_meter(SCOPE_NAME, version, schema_url=SCHEMA_URL)
         self._states = states
         self._rate_budgets = dict(rate_budgets or {})
         lock = threading.Lock()
@@ -65,6 +115,11 @@ class OtelMetricsSink:
         self._response_counts = CountFamily(lock, _no_labels)
         self._transition_counts = CountFamily(lock, _no_labels)
         self._error_counts = CountFamily(lock, _no_labels)
+        self._byte_sums = CountFamily(lock, _no_labels)
+        self._call_errors = CountFamily(lock, _no_labels)
+        self._definitions: dict[str, int] = {}
+        self._tool_definitions: dict[tuple[str, str], int] = {}
+        self._call_attrs: dict[tuple[Any, ...], dict[str, str]] = {}
         self._attrs: dict[tuple[Any, ...], dict[str, str]] = {}
         self._deferred: Any = None
         # Collection runs observable callbacks (in creation order) before it reads the synchronous
@@ -94,7 +149,53 @@ class OtelMetricsSink:
             description="Share of the context window a session had used when it ended.",
             explicit_bucket_boundaries_advisory=UTILIZATION_BUCKETS,
         )
+        # The conventions' durations (their names, unit and boundaries); one point per timed call.
+        duration = {"unit": "s", "explicit_bucket_boundaries_advisory": DURATION_BUCKETS}
+        self._operation = {
+            "client": meter.create_histogram(
+                MCP_CLIENT_OPERATION_DURATION, description="Duration of an MCP request as the client saw it.",
+                **duration,
+            ),
+            "server": meter.create_histogram(
+                MCP_SERVER_OPERATION_DURATION, description="Duration of an MCP request as the server saw it.",
+                **duration,
+            ),
+        }
+        self._session = {
+            "client": meter.create_histogram(
+                MCP_CLIENT_SESSION_DURATION, description="Duration of an MCP session as the client saw it.",
+                **duration,
+            ),
+            "server": meter.create_histogram(
+                MCP_SERVER_SESSION_DURATION, description="Duration of an MCP session as the server saw it.",
+                **duration,
+            ),
+        }
         # The same families as the Prometheus endpoint, so dashboards and alerts work through a Collector.
+        meter.create_observable_counter(
+            "mcp_token.bytes",
+            callbacks=[self._observer(self._byte_sums)],
+            unit="By",
+            description="UTF-8 bytes of MCP messages (the sum of the Prometheus message-size histogram).",
+        )
+        meter.create_observable_counter(
+            "mcp_token.call.errors",
+            callbacks=[self._observer(self._call_errors)],
+            unit="{call}",
+            description="Calls that ended in a JSON-RPC error or an isError result, per error.type.",
+        )
+        meter.create_observable_gauge(
+            "mcp_token.tool_definitions.tokens",
+            callbacks=[self._observe_definitions],
+            unit="{token}",
+            description="Estimated tokens of all a server's tool definitions (its last tools/list result).",
+        )
+        meter.create_observable_gauge(
+            "mcp_token.tool_definition.tokens",
+            callbacks=[self._observe_tool_definitions],
+            unit="{token}",
+            description="Estimated tokens of one tool's definition (tools within the tool-name bound).",
+        )
         meter.create_observable_counter(
             "mcp_token.tokens",
             callbacks=[self._observer(self._token_sums)],
@@ -167,42 +268,101 @@ class OtelMetricsSink:
             deferred.flush()
         yield metrics.Observation(deferred.dropped if deferred is not None else 0)
 
-    def _message_attrs(self, side: str, method: str, tool: str | None, direction: str) -> dict[str, str]:
+    def _observe_definitions(self, _options: Any) -> Iterator[metrics.Observation]:
+        for server, value in list(self._definitions.items()):
+            yield metrics.Observation(value, {A_SERVER_NAME: server})
+
+    def _observe_tool_definitions(self, _options: Any) -> Iterator[metrics.Observation]:
+        for (server, tool), value in list(self._tool_definitions.items()):
+            yield metrics.Observation(value, {A_SERVER_NAME: server, A_TOOL: tool})
+
+    def _message_attrs(
+        self, side: str, method: str, tool: str | None, direction: str, server: str
+    ) -> dict[str, str]:
         # Attribute dicts are reused: building them per call shows up in the per-call overhead.
-        key = (side, method, tool, direction)
+        key = (side, method, tool, direction, server)
         attrs = self._attrs.get(key)
         if attrs is None:
             if len(self._attrs) > 4096:
                 self._attrs.clear()
             attrs = {M_SIDE: side, A_METHOD: method, M_DIRECTION: direction}
+            if server:
+                attrs[A_SERVER_NAME] = server
             if tool is not None:
                 attrs[A_TOOL] = tool
             self._attrs[key] = attrs
         return attrs
 
     def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
     ) -> None:
-        attrs = self._message_attrs(side, method, tool, direction)
+        attrs = self._message_attrs(side, method, tool, direction, server)
         self._tokens.record(measurement.total_tokens, attrs)
-        self._token_sums.add(tuple(attrs.items()), measurement.total_tokens)
+        key = tuple(attrs.items())
+        self._token_sums.add(key, measurement.total_tokens)
+        self._byte_sums.add(key, measurement.bytes)
         if direction == "output":
             self._overhead.record(measurement.overhead_ratio, attrs)
-            tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier))
+            tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier), *_server(server))
             self._response_counts.add(tier + (((A_TOOL, tool),) if tool is not None else ()))
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        attrs = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, tier))
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str = "") -> None:
+        attrs = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, tier), *_server(server))
         self._breach_counts.add(attrs + (((A_TOOL, tool),) if tool is not None else ()))
 
-    def record_transition(self, side: str, state: str) -> None:
-        self._transition_counts.add(((M_SIDE, side), (A_SESSION_STATE, state)))
+    def record_transition(self, side: str, state: str, server: str = "") -> None:
+        self._transition_counts.add(((M_SIDE, side), (A_SESSION_STATE, state), *_server(server)))
 
-    def record_session_end(self, side: str, utilization: float) -> None:
-        self._utilization.record(utilization, {M_SIDE: side})
+    def record_session_end(
+        self, side: str, utilization: float, server: str = "", call: CallInfo | None = None
+    ) -> None:
+        self._utilization.record(utilization, {M_SIDE: side, **dict(_server(server))})
+        if call is not None and call.duration is not None:
+            attrs = dict(_server(server))
+            if call.transport:
+                attrs[A_TRANSPORT] = call.transport
+            if call.protocol:
+                attrs[A_PROTOCOL] = call.protocol
+            self._session["server" if side == "server" else "client"].record(call.duration, attrs)
+
+    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
+        """One response: its error (pre-aggregated) and, when the call was timed, the conventions' duration."""
+        if call.error_type is not None:
+            errors = ((M_SIDE, side), (A_METHOD, method), (A_ERROR_TYPE, call.error_type), *_server(server))
+            self._call_errors.add(errors + (((A_TOOL, tool),) if tool is not None else ()))
+        if call.duration is None:
+            return
+        key = (side, method, tool, server, call.error_type, call.transport, call.protocol)
+        attrs = self._call_attrs.get(key)
+        if attrs is None:
+            if len(self._call_attrs) > 4096:
+                self._call_attrs.clear()
+            # The conventions' attributes (never a session or request id) and the server name.
+            attrs = {A_METHOD: method, **dict(_server(server))}
+            if tool is not None:
+                attrs[A_TOOL] = tool
+            if call.error_type is not None:
+                attrs[A_ERROR_TYPE] = call.error_type
+            if call.transport:
+                attrs[A_TRANSPORT] = call.transport
+            if call.protocol:
+                attrs[A_PROTOCOL] = call.protocol
+            self._call_attrs[key] = attrs
+        self._operation["server" if side == "server" else "client"].record(call.duration, attrs)
+
+    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
+        self._definitions[server] = total
+        tools = {k: v for k, v in self._tool_definitions.items() if k[0] != server}
+        tools.update(((server, tool), tokens) for tool, tokens in per_tool.items())
+        self._tool_definitions = tools  # swapped whole: a collection reads one consistent set
 
     def record_error(self, stage: str) -> None:
         self._error_counts.add(((M_STAGE, stage),))
+
+
+def _server(server: str) -> tuple[tuple[str, str], ...]:
+    """The server attribute, absent when no name is known (as an empty Prometheus label is)."""
+    return ((A_SERVER_NAME, server),) if server else ()
 
 
 def _no_labels(key: Any) -> tuple[str, ...]:

@@ -1,14 +1,21 @@
 """Prometheus metric families (prometheus-client) fed by the recorder, as a metrics sink.
 
 Families (prefix ``mcp_token_``; documented in README):
-    message_tokens                   histogram  side, method, tool, direction
-    tokens_total                     counter    side, method, tool, direction   (the histogram's sum)
-    responses_total                  counter    side, method, tool, risk_tier   (output messages per tier)
-    risk_breaches_total              counter    side, method, tool, risk_tier (high, critical)
-    overhead_ratio                   histogram  side, method, tool           (output messages)
-    session_utilization_ratio        histogram  side                          (observed at session end)
+    message_tokens                   histogram  side, server, method, tool, direction
+    tokens_total                     counter    side, server, method, tool, direction   (the histogram's sum)
+    message_bytes                    histogram  side, server, method, tool, direction   (UTF-8 bytes, output only)
+    bytes_total                      counter    side, server, method, tool, direction   (input and output)
+    responses_total                  counter    side, server, method, tool, risk_tier   (output messages per tier)
+    risk_breaches_total              counter    side, server, method, tool, risk_tier (high, critical)
+    call_errors_total                counter    side, server, method, tool, error_type  (JSON-RPC error, isError)
+    operation_duration_seconds       histogram  side, server, method, tool, error_type  (timed calls)
+    overhead_ratio                   histogram  side, server, method, tool           (output messages)
+    session_utilization_ratio        histogram  side, server                          (observed at session end)
+    session_duration_seconds         histogram  side, server                          (observed at session end)
     sessions                         gauge      side, state                   (live sessions per state)
-    session_transitions_total        counter    side, state                   (warning, exhausted)
+    session_transitions_total        counter    side, server, state           (warning, exhausted)
+    tool_definitions_tokens          gauge      server                        (last tools/list, all tools)
+    tool_definition_tokens           gauge      server, tool                  (per tool, within the tool bound)
     instrumentation_errors_total     counter    stage
     output_rate_budget_tokens_per_second  gauge      scope (tool, service)         (configured, for alerting)
 
@@ -44,7 +51,14 @@ from ..core.budget import BUDGET_STATES
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS, RISK_TIERS
 from .aggregate import CountFamily, HistFamily
-from .semconv import RATIO_BUCKETS, TOKEN_BUCKETS, UTILIZATION_BUCKETS  # one set of buckets for both paths
+from .otel_metrics import CallInfo
+from .semconv import (  # one set of buckets for both paths
+    BYTE_BUCKETS,
+    DURATION_BUCKETS,
+    RATIO_BUCKETS,
+    TOKEN_BUCKETS,
+    UTILIZATION_BUCKETS,
+)
 
 PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128
@@ -106,36 +120,38 @@ def _exemplar() -> dict[str, str] | None:
     return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
 
 
-_MESSAGE_LABELS = ("side", "method", "tool", "direction")
-_TOOL_LABELS = ("side", "method", "tool")
-_TIER_LABELS = ("side", "method", "tool", "risk_tier")
+_MESSAGE_LABELS = ("side", "server", "method", "tool", "direction")
+_TOOL_LABELS = ("side", "server", "method", "tool")
+_TIER_LABELS = ("side", "server", "method", "tool", "risk_tier")
+_CALL_LABELS = ("side", "server", "method", "tool", "error_type")
+_SESSION_LABELS = ("side", "server")
+_TRANSITION_LABELS = ("side", "server", "state")
 _HELP = {
     "message_tokens": "Estimated tokens of one MCP message (input: request params; output: the response).",
     "tokens": "Estimated tokens of MCP messages.",
+    "message_bytes": "UTF-8 bytes of one MCP response as measured (output messages only).",
+    "bytes": "UTF-8 bytes of MCP messages.",
     "responses": "Output messages per risk tier.",
     "breaches": "Output messages in the high or critical risk tier.",
+    "call_errors": "Calls that ended in a JSON-RPC error (error_type: its code) or an isError result (tool_error).",
+    "operation": "Duration of an MCP request, from the request to its response (the MCP conventions' buckets).",
     "overhead": "Share of an output message's tokens that is overhead (framing, _meta, duplicated content).",
     "utilization": "Share of the context window a session had used when it ended.",
+    "session_duration": "Duration of an MCP session, observed when it ended.",
     "transitions": "Sessions entering a context-window budget state.",
     "errors": "Faults caught inside the instrumentation; the MCP call itself went on.",
     "budget": "Configured sustained output-token budget, in tokens per second (for alerting).",
     "sessions": "Live MCP sessions per context-window budget state.",
+    "definitions": "Estimated tokens of a server's tool definitions (its last tools/list result): what every "
+    "conversation pays before the first call.",
+    "definition": "Estimated tokens of one tool's definition (tools within the tool-name bound).",
 }
 
 
-def _message_labels(key: tuple[str, str, str | None, str]) -> tuple[str, ...]:
-    side, method, tool, direction = key
-    return side, label_value(method), label_value(tool), direction
-
-
-def _tool_labels(key: tuple[str, str, str | None]) -> tuple[str, ...]:
-    side, method, tool = key
-    return side, label_value(method), label_value(tool)
-
-
-def _tier_labels(key: tuple[str, str, str | None, str]) -> tuple[str, ...]:
-    side, method, tool, tier = key
-    return side, label_value(method), label_value(tool), tier
+def _named_labels(key: tuple[Any, ...]) -> tuple[str, ...]:
+    """side, server, method, tool[, last]: the free-form values sanitised."""
+    side, server, method, tool, *rest = key
+    return (side, label_value(server), label_value(method), label_value(tool), *(label_value(v) for v in rest))
 
 
 def _plain_labels(key: tuple[str, ...]) -> tuple[str, ...]:
@@ -179,21 +195,24 @@ class _AggregateCollector(Collector):
         return metric
 
     @staticmethod
+    def _sums(family: HistFamily) -> list[tuple[dict[str, str], float, float]]:
+        return [
+            (dict(zip(_MESSAGE_LABELS, labels, strict=True)), value_sum, created)
+            for labels, _b, value_sum, _c, created, _e in family.snapshot()
+        ]
+
+    @staticmethod
     def _rows(names: tuple[str, ...], family: CountFamily) -> list[tuple[dict[str, str], float, float]]:
         return [(dict(zip(names, labels, strict=True)), value, created) for labels, value, created in family.snapshot()]
 
     def collect(self) -> Iterator[Metric]:
         sink = self._sink
         yield self._histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens)
-        # tokens_total is the histogram's sum, kept as a counter for the queries and rules that use it.
-        yield self._counter(
-            f"{PREFIX}_tokens",
-            _HELP["tokens"],
-            [
-                (dict(zip(_MESSAGE_LABELS, labels, strict=True)), value_sum, created)
-                for labels, _b, value_sum, _c, created, _e in sink._tokens.snapshot()
-            ],
-        )
+        # tokens_total (bytes_total) is the histogram's sum, kept as a counter for the queries and rules that
+        # use it (and that join with the OpenTelemetry path's counter of the same name).
+        yield self._counter(f"{PREFIX}_tokens", _HELP["tokens"], self._sums(sink._tokens))
+        yield self._histogram(f"{PREFIX}_message_bytes", _HELP["message_bytes"], _MESSAGE_LABELS, sink._bytes)
+        yield self._counter(f"{PREFIX}_bytes", _HELP["bytes"], self._rows(_MESSAGE_LABELS, sink._byte_sums))
         responses = self._rows(_TIER_LABELS, sink._responses)
         yield self._counter(f"{PREFIX}_responses", _HELP["responses"], responses)
         yield self._counter(
@@ -201,13 +220,28 @@ class _AggregateCollector(Collector):
             _HELP["breaches"],
             [row for row in responses if row[0]["risk_tier"] in BREACH_TIERS],
         )
+        yield self._counter(f"{PREFIX}_call_errors", _HELP["call_errors"], self._rows(_CALL_LABELS, sink._call_errors))
+        yield self._histogram(
+            f"{PREFIX}_operation_duration_seconds", _HELP["operation"], _CALL_LABELS, sink._operation
+        )
         yield self._histogram(f"{PREFIX}_overhead_ratio", _HELP["overhead"], _TOOL_LABELS, sink._overhead)
         yield self._histogram(
-            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], ("side",), sink._utilization
+            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], _SESSION_LABELS, sink._utilization
+        )
+        yield self._histogram(
+            f"{PREFIX}_session_duration_seconds", _HELP["session_duration"], _SESSION_LABELS, sink._session_duration
         )
         yield self._counter(
-            f"{PREFIX}_session_transitions", _HELP["transitions"], self._rows(("side", "state"), sink._transitions)
+            f"{PREFIX}_session_transitions", _HELP["transitions"], self._rows(_TRANSITION_LABELS, sink._transitions)
         )
+        definitions = GaugeMetricFamily(f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], labels=["server"])
+        per_tool = GaugeMetricFamily(f"{PREFIX}_tool_definition_tokens", _HELP["definition"], labels=["server", "tool"])
+        for server, (total, tools) in sorted(sink._definitions.items()):
+            definitions.add_metric([label_value(server)], total)
+            for tool, tokens in sorted(tools.items()):
+                per_tool.add_metric([label_value(server), label_value(tool)], tokens)
+        yield definitions
+        yield per_tool
         yield self._counter(
             f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(("stage",), sink._errors)
         )
@@ -222,7 +256,10 @@ class PrometheusMetrics:
 
     ``created_series`` (config ``prometheus.created_series``) adds the ``_created`` series of every counter
     and histogram (off by default: one more line per series that no dashboard or rule reads).
+    ``server`` is the server name known at start (the proxy's ``--name``): its series exist from the start.
     """
+
+    server_aware = True
 
     def __init__(
         self,
@@ -232,6 +269,7 @@ class PrometheusMetrics:
         tool_output_rate_budget: float = 100.0,
         service_output_rate_budget: float = 500.0,
         created_series: bool = False,
+        server: str = "",
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self._multiprocess = multiprocess_mode()
@@ -245,22 +283,35 @@ class PrometheusMetrics:
         self._created = created_series
         self._rendered: dict[tuple[str, ...], str] = {}
         lock = threading.Lock()
-        self._tokens = HistFamily(TOKEN_BUCKETS, lock, _message_labels)
-        self._overhead = HistFamily(RATIO_BUCKETS, lock, _tool_labels)
+        self._tokens = HistFamily(TOKEN_BUCKETS, lock, _named_labels)
+        self._bytes = HistFamily(BYTE_BUCKETS, lock, _named_labels)
+        self._byte_sums = CountFamily(lock, _named_labels)
+        self._overhead = HistFamily(RATIO_BUCKETS, lock, _named_labels)
+        self._operation = HistFamily(DURATION_BUCKETS, lock, _named_labels)
         self._utilization = HistFamily(UTILIZATION_BUCKETS, lock, _plain_labels)
-        self._responses = CountFamily(lock, _tier_labels)
+        self._session_duration = HistFamily(DURATION_BUCKETS, lock, _plain_labels)
+        self._responses = CountFamily(lock, _named_labels)
+        self._call_errors = CountFamily(lock, _named_labels)
         self._transitions = CountFamily(lock, _plain_labels)
         self._errors = CountFamily(lock, _plain_labels)
-        self._known_outputs: set[tuple[str, str, str | None]] = set()
+        #: server -> (total tokens, {tool: tokens}) of its last tools/list result.
+        self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
+        self._known_outputs: set[tuple[str, str, str, str | None]] = set()
+        self._known_servers: set[tuple[str, str]] = set()
         self.registry.register(_AggregateCollector(self, created_series))
         if states is not None:
             self.registry.register(_SessionsCollector(states))
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
         self._errors.touch(("estimate",))
-        for side in ("client", "server"):
-            for state in ("warning", "exhausted"):
-                self._transitions.touch((side, state))
+        for side in ("client", "server", "proxy"):
+            self._touch_server(side, server)
+
+    def _touch_server(self, side: str, server: str) -> None:
+        """A side's first message for a server: its transition series start at 0 (alerts take increase())."""
+        self._known_servers.add((side, server))
+        for state in ("warning", "exhausted"):
+            self._transitions.touch((side, server, state))
 
     def exposition(self) -> bytes:
         """The registry's Prometheus text exposition (format 0.0.4), rendered here several times faster than
@@ -301,42 +352,75 @@ class PrometheusMetrics:
         return "".join(out).encode("utf-8")
 
     def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
     ) -> None:
         if self._files is not None:
-            self._files.record_message(side, method, tool, direction, measurement)
+            self._files.record_message(side, method, tool, direction, measurement, server)
             return
+        if (side, server) not in self._known_servers:
+            if len(self._known_servers) >= 10_000:
+                self._known_servers.clear()
+            self._touch_server(side, server)
         tier = measurement.risk_tier
         breach = tier in BREACH_TIERS
+        key = (side, server, method, tool, direction)
         # Exemplars where they help: a breach links its bucket to the trace that caused it.
-        self._tokens.observe((side, method, tool, direction), measurement.total_tokens, _exemplar() if breach else None)
-        if direction == "output":
-            key = (side, method, tool)
-            self._overhead.observe(key, measurement.overhead_ratio)
-            if key not in self._known_outputs:  # breach series exist at 0 before a first breach, for increase()
+        self._tokens.observe(key, measurement.total_tokens, _exemplar() if breach else None)
+        self._byte_sums.add(key, measurement.bytes)
+        if direction == "output":  # the size distribution of responses (requests are small; their sum is kept)
+            self._bytes.observe(key, measurement.bytes)
+            out = (side, server, method, tool)
+            self._overhead.observe(out, measurement.overhead_ratio)
+            if out not in self._known_outputs:  # breach series exist at 0 before a first breach, for increase()
                 if len(self._known_outputs) >= 10_000:
                     self._known_outputs.clear()
-                self._known_outputs.add(key)
+                self._known_outputs.add(out)
                 for breach_tier in _BREACH_TIERS:
-                    self._responses.touch((side, method, tool, breach_tier))
-            self._responses.add((side, method, tool, tier))
+                    self._responses.touch((*out, breach_tier))
+            self._responses.add((*out, tier))
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str = "") -> None:
         if self._files is not None:
-            self._files.breaches.labels(side, label_value(method), label_value(tool), tier).inc()
+            self._files.breaches.labels(side, label_value(server), label_value(method), label_value(tool), tier).inc()
         # Otherwise derived from responses_total (the high and critical tiers): nothing to record twice.
 
-    def record_transition(self, side: str, state: str) -> None:
+    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
+        error = call.error_type or ""
         if self._files is not None:
-            self._files.transitions.labels(side, state).inc()
-        else:
-            self._transitions.add((side, state))
+            self._files.record_call(side, method, tool, server, call)
+            return
+        key = (side, server, method, tool, error)
+        if call.error_type is not None:
+            self._call_errors.add(key)
+        if call.duration is not None:
+            self._operation.observe(key, call.duration)
 
-    def record_session_end(self, side: str, utilization: float) -> None:
+    def record_transition(self, side: str, state: str, server: str = "") -> None:
         if self._files is not None:
-            self._files.utilization.labels(side).observe(utilization)
+            self._files.transitions.labels(side, label_value(server), state).inc()
         else:
-            self._utilization.observe((side,), utilization)
+            self._transitions.add((side, server, state))
+
+    def record_session_end(
+        self, side: str, utilization: float, server: str = "", call: CallInfo | None = None
+    ) -> None:
+        duration = call.duration if call is not None else None
+        if self._files is not None:
+            self._files.utilization.labels(side, label_value(server)).observe(utilization)
+            if duration is not None:
+                self._files.session_duration.labels(side, label_value(server)).observe(duration)
+            return
+        self._utilization.observe((side, server), utilization)
+        if duration is not None:
+            self._session_duration.observe((side, server), duration)
+
+    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
+        if self._files is not None:
+            self._files.definitions.labels(label_value(server)).set(total)
+            for tool, tokens in per_tool.items():
+                self._files.definition.labels(label_value(server), label_value(tool)).set(tokens)
+            return
+        self._definitions[server] = (total, dict(per_tool))
 
     def record_error(self, stage: str) -> None:
         if self._files is not None:
@@ -355,17 +439,40 @@ class _SharedFileFamilies:
             registry=r,
         )
         self.tokens = Counter(f"{PREFIX}_tokens", _HELP["tokens"], list(_MESSAGE_LABELS), registry=r)
+        self.message_bytes = Histogram(
+            f"{PREFIX}_message_bytes", _HELP["message_bytes"], list(_MESSAGE_LABELS), buckets=BYTE_BUCKETS,
+            registry=r,
+        )
+        self.bytes = Counter(f"{PREFIX}_bytes", _HELP["bytes"], list(_MESSAGE_LABELS), registry=r)
         self.responses = Counter(f"{PREFIX}_responses", _HELP["responses"], list(_TIER_LABELS), registry=r)
         self.breaches = Counter(f"{PREFIX}_risk_breaches", _HELP["breaches"], list(_TIER_LABELS), registry=r)
+        self.call_errors = Counter(f"{PREFIX}_call_errors", _HELP["call_errors"], list(_CALL_LABELS), registry=r)
+        self.operation = Histogram(
+            f"{PREFIX}_operation_duration_seconds", _HELP["operation"], list(_CALL_LABELS), buckets=DURATION_BUCKETS,
+            registry=r,
+        )
         self.overhead = Histogram(
             f"{PREFIX}_overhead_ratio", _HELP["overhead"], list(_TOOL_LABELS), buckets=RATIO_BUCKETS, registry=r
         )
         self.utilization = Histogram(
-            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], ["side"], buckets=UTILIZATION_BUCKETS,
-            registry=r,
+            f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], list(_SESSION_LABELS),
+            buckets=UTILIZATION_BUCKETS, registry=r,
         )
-        self.transitions = Counter(f"{PREFIX}_session_transitions", _HELP["transitions"], ["side", "state"], registry=r)
+        self.session_duration = Histogram(
+            f"{PREFIX}_session_duration_seconds", _HELP["session_duration"], list(_SESSION_LABELS),
+            buckets=DURATION_BUCKETS, registry=r,
+        )
+        self.transitions = Counter(
+            f"{PREFIX}_session_transitions", _HELP["transitions"], list(_TRANSITION_LABELS), registry=r
+        )
         self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], ["stage"], registry=r)
+        self.definitions = Gauge(
+            f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], ["server"], registry=r, multiprocess_mode="max"
+        )
+        self.definition = Gauge(
+            f"{PREFIX}_tool_definition_tokens", _HELP["definition"], ["server", "tool"], registry=r,
+            multiprocess_mode="max",
+        )
         budget = Gauge(
             f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], ["scope"], registry=r,
             multiprocess_mode="max",
@@ -376,37 +483,48 @@ class _SharedFileFamilies:
         self.live_sessions = Gauge(
             f"{PREFIX}_sessions", _HELP["sessions"], ["side", "state"], registry=r, multiprocess_mode="livesum"
         )
-        self._series: dict[tuple[str, str, str | None, str], tuple[Any, ...]] = {}
+        self._series: dict[tuple[str, str, str, str | None, str], tuple[Any, ...]] = {}
         self.errors.labels("estimate")
-        for side in ("client", "server"):
+        for side in ("client", "server", "proxy"):
             for state in ("warning", "exhausted"):
-                self.transitions.labels(side, state)
+                self.transitions.labels(side, "", state)
 
-    def _children(self, side: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
+    def _children(self, side: str, server: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
         """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
-        key = (side, method, tool, direction)
+        key = (side, server, method, tool, direction)
         children = self._series.get(key)
         if children is None:
-            method_label, tool_label = label_value(method), label_value(tool)
+            labels = (side, label_value(server), label_value(method), label_value(tool))
             output = direction == "output"
             children = (
-                self.message_tokens.labels(side, method_label, tool_label, direction),
-                self.tokens.labels(side, method_label, tool_label, direction),
-                self.overhead.labels(side, method_label, tool_label) if output else None,
-                {t: self.responses.labels(side, method_label, tool_label, t) for t in RISK_TIERS} if output else None,
+                self.message_tokens.labels(*labels, direction),
+                self.tokens.labels(*labels, direction),
+                self.message_bytes.labels(*labels, direction) if output else None,
+                self.bytes.labels(*labels, direction),
+                self.overhead.labels(*labels) if output else None,
+                {t: self.responses.labels(*labels, t) for t in RISK_TIERS} if output else None,
             )
             if output:
                 for breach_tier in _BREACH_TIERS:  # exist at 0 before a first breach, for increase()
-                    self.breaches.labels(side, method_label, tool_label, breach_tier)
+                    self.breaches.labels(*labels, breach_tier)
+                for state in ("warning", "exhausted"):
+                    self.transitions.labels(side, label_value(server), state)
             if len(self._series) >= _MAX_CACHED_SERIES:  # labels are bounded upstream; this bounds the cache too
                 self._series.clear()
             self._series[key] = children
         return children
 
-    def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
-        tokens_hist, tokens_total, overhead, responses = self._children(side, method, tool, direction)
+    def record_message(
+        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str = ""
+    ) -> None:
+        tokens_hist, tokens_total, bytes_hist, bytes_total, overhead, responses = self._children(
+            side, server, method, tool, direction
+        )
         tokens_hist.observe(m.total_tokens)
         tokens_total.inc(m.total_tokens)
+        if bytes_hist is not None:
+            bytes_hist.observe(m.bytes)
+        bytes_total.inc(m.bytes)
         if overhead is not None:
             overhead.observe(m.overhead_ratio)
             responses[m.risk_tier].inc()
@@ -414,3 +532,10 @@ class _SharedFileFamilies:
             for session_side, counts in self._states().items():
                 for state in BUDGET_STATES:
                     self.live_sessions.labels(session_side, state).set(counts.get(state, 0))
+
+    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
+        labels = (side, label_value(server), label_value(method), label_value(tool), label_value(call.error_type))
+        if call.error_type is not None:
+            self.call_errors.labels(*labels).inc()
+        if call.duration is not None:
+            self.operation.labels(*labels).observe(call.duration)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -24,9 +25,13 @@ class PrometheusService:
     auth: BasicAuth | None
     server: MetricsServer | None = None
 
+    def _render(self) -> Any:
+        # The fast renderer draws this sink's registry; multiprocess mode serves the merged one instead.
+        return self.metrics.exposition if self.registry is self.metrics.registry else None
+
     def wsgi_app(self) -> WsgiApp:
         """/metrics as a WSGI app, to mount in an existing web server."""
-        return metrics_wsgi_app(self.registry, self.auth)
+        return metrics_wsgi_app(self.registry, self.auth, self._render())
 
     def asgi_app(self) -> AsgiApp:
         """/metrics as an ASGI app (Starlette, FastAPI...), e.g. next to an MCP streamable-HTTP app."""
@@ -51,6 +56,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
         created_series=config.created_series,
+        server=recorder.server_label(),
     )
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
     recorder.add_sink(metrics)  # only once everything that can fail has been built
@@ -67,6 +73,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
                 tls_key_file=config.tls_key_file or None,
                 max_connections=config.max_connections,
                 request_timeout=config.request_timeout_seconds,
+                render=service._render(),
             )
         except Exception as exc:  # port taken, unreadable certificate...: say so, keep instrumenting
             logger.error("mcp_token_otel: cannot serve /metrics on %s:%s: %s", config.host, config.port, exc)

@@ -6,21 +6,86 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.network_attributes import (
+    NETWORK_PROTOCOL_NAME,
+    NETWORK_PROTOCOL_VERSION,
+    NETWORK_TRANSPORT,
+)
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
+
 SCOPE_NAME = "mcp_token_otel"
 
+# Names the installed opentelemetry-semantic-conventions package defines are taken from it; an older package
+# without the MCP conventions (they are incubating) falls back to the same strings.
+try:
+    from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+        GEN_AI_OPERATION_NAME,
+        GEN_AI_PROMPT_NAME,
+        GEN_AI_TOOL_CALL_ARGUMENTS,
+        GEN_AI_TOOL_CALL_RESULT,
+        GEN_AI_TOOL_NAME,
+    )
+    from opentelemetry.semconv._incubating.attributes.jsonrpc_attributes import JSONRPC_REQUEST_ID
+    from opentelemetry.semconv._incubating.attributes.mcp_attributes import (
+        MCP_METHOD_NAME,
+        MCP_PROTOCOL_VERSION,
+        MCP_RESOURCE_URI,
+        MCP_SESSION_ID,
+    )
+    from opentelemetry.semconv._incubating.attributes.rpc_attributes import RPC_RESPONSE_STATUS_CODE
+    from opentelemetry.semconv._incubating.metrics.mcp_metrics import (
+        MCP_CLIENT_OPERATION_DURATION,
+        MCP_CLIENT_SESSION_DURATION,
+        MCP_SERVER_OPERATION_DURATION,
+        MCP_SERVER_SESSION_DURATION,
+    )
+except ImportError:  # pragma: no cover - opentelemetry-semantic-conventions before the MCP conventions
+    GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+    GEN_AI_PROMPT_NAME = "gen_ai.prompt.name"
+    GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+    GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+    GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+    JSONRPC_REQUEST_ID = "jsonrpc.request.id"
+    MCP_METHOD_NAME = "mcp.method.name"
+    MCP_PROTOCOL_VERSION = "mcp.protocol.version"
+    MCP_RESOURCE_URI = "mcp.resource.uri"
+    MCP_SESSION_ID = "mcp.session.id"
+    RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"
+    MCP_CLIENT_OPERATION_DURATION = "mcp.client.operation.duration"
+    MCP_CLIENT_SESSION_DURATION = "mcp.client.session.duration"
+    MCP_SERVER_OPERATION_DURATION = "mcp.server.operation.duration"
+    MCP_SERVER_SESSION_DURATION = "mcp.server.session.duration"
+
+try:
+    from opentelemetry.semconv.schemas import Schemas
+
+    SCHEMA_URL: str | None = list(Schemas)[-1].value  # the newest schema the installed conventions know
+except Exception:  # pragma: no cover
+    SCHEMA_URL = None
+
 # Span attributes (OTel MCP semantic conventions, then this project's estimates).
-A_METHOD = "mcp.method.name"
-A_SESSION_ID = "mcp.session.id"
-A_PROTOCOL = "mcp.protocol.version"
-A_REQUEST_ID = "jsonrpc.request.id"
-A_TOOL = "gen_ai.tool.name"
-A_PROMPT = "gen_ai.prompt.name"
-A_OPERATION = "gen_ai.operation.name"
-A_TRANSPORT = "network.transport"
-A_ERROR_TYPE = "error.type"
-A_STATUS_CODE = "rpc.response.status_code"
-A_ARGUMENTS = "gen_ai.tool.call.arguments"
-A_RESULT = "gen_ai.tool.call.result"
+A_METHOD = MCP_METHOD_NAME
+A_SESSION_ID = MCP_SESSION_ID
+A_PROTOCOL = MCP_PROTOCOL_VERSION
+A_REQUEST_ID = JSONRPC_REQUEST_ID
+A_RESOURCE_URI = MCP_RESOURCE_URI
+A_TOOL = GEN_AI_TOOL_NAME
+A_PROMPT = GEN_AI_PROMPT_NAME
+A_OPERATION = GEN_AI_OPERATION_NAME
+A_TRANSPORT = NETWORK_TRANSPORT
+A_PROTOCOL_NAME = NETWORK_PROTOCOL_NAME
+A_PROTOCOL_VERSION = NETWORK_PROTOCOL_VERSION
+A_SERVER_ADDRESS = SERVER_ADDRESS
+A_SERVER_PORT = SERVER_PORT
+A_ERROR_TYPE = ERROR_TYPE
+A_STATUS_CODE = RPC_RESPONSE_STATUS_CODE
+A_ARGUMENTS = GEN_AI_TOOL_CALL_ARGUMENTS
+A_RESULT = GEN_AI_TOOL_CALL_RESULT
+#: The MCP server's name (its own, the client's serverInfo.name, or the proxy's --name); no convention has one.
+A_SERVER_NAME = "mcp_token.server.name"
+#: Total definition tokens of a tools/list result (name + description + schemas of every tool listed).
+A_TOOL_DEFINITION_TOKENS = "mcp_token.tool_definitions.tokens"
 A_INPUT_TOKENS = "mcp_token.input_tokens"
 A_OUTPUT_TOKENS = "mcp_token.output_tokens"
 A_OVERHEAD_TOKENS = "mcp_token.overhead_tokens"
@@ -45,6 +110,34 @@ TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(2, 12))
 #: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
 RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
+#: The MCP conventions' boundaries for the operation and session durations (seconds).
+DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: Response sizes in bytes: powers of 8 from 512 B to 16 MiB (six bounds keep the family small at 100 tools).
+BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 9))
+
+
+def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:
+    """``server.address``/``server.port`` and ``network.protocol.name``/``.version`` of an HTTP transport, from
+    its URL (a string or an object with ``hostname``/``port``/``scheme``) and the request's HTTP version."""
+    attrs: dict[str, Any] = {}
+    try:
+        if isinstance(url, str):
+            from urllib.parse import urlsplit
+
+            url = urlsplit(url)
+        host = getattr(url, "hostname", None)
+        if host:
+            attrs[A_SERVER_ADDRESS] = host
+            port = getattr(url, "port", None) or {"http": 80, "https": 443}.get(getattr(url, "scheme", ""))
+            if port:
+                attrs[A_SERVER_PORT] = int(port)
+            attrs[A_PROTOCOL_NAME] = "http"
+        if isinstance(http_version, str) and http_version:
+            attrs[A_PROTOCOL_NAME] = "http"
+            attrs[A_PROTOCOL_VERSION] = http_version
+    except (ValueError, TypeError):  # a malformed URL or port: no attributes rather than a fault
+        return {}
+    return attrs
 
 
 def span_name(method: str, params: Any) -> str:
@@ -74,6 +167,10 @@ def call_attributes(
             attrs[A_TOOL] = name
     elif method == "prompts/get" and isinstance(name, str):
         attrs[A_PROMPT] = name
+    elif method.startswith("resources/") and isinstance(params, Mapping):
+        uri = params.get("uri")  # conditionally required on resources/read, subscribe, unsubscribe
+        if isinstance(uri, str):
+            attrs[A_RESOURCE_URI] = uri
     if session_id:
         attrs[A_SESSION_ID] = session_id
     if request_id is not None:

@@ -93,6 +93,21 @@ def test_own_server_through_proxy(receiver: Receiver) -> None:
                         direction="output")
     assert out_tokens >= 1250  # 5000 chars at chars/4 (twice: content and structuredContent)
     assert sample(text, "mcp_token_tokens_total", side="proxy", method="tools/call", direction="input") > 0
+    # RED and the server dimension: the proxy's --name on every series, its calls timed and their errors typed.
+    assert sample(text, "mcp_token_tokens_total", side="proxy", server="stdio-test", tool="big",
+                  direction="output") == out_tokens
+    assert sample(text, "mcp_token_call_errors_total", side="proxy", server="stdio-test", tool="boom",
+                  error_type="tool_error") == 1
+    assert sample(text, "mcp_token_call_errors_total", side="proxy", tool="big") == 0
+    big_calls = {"side": "proxy", "server": "stdio-test", "tool": "big", "error_type": ""}
+    assert sample(text, "mcp_token_operation_duration_seconds_count", **big_calls) == 1
+    assert sample(text, "mcp_token_operation_duration_seconds_bucket", **big_calls, le="+Inf") == 1
+    assert sample(text, "mcp_token_message_bytes_sum", side="proxy", tool="big", direction="output") >= 10_000
+    assert sample(text, "mcp_token_tool_definitions_tokens", server="stdio-test") > 0
+    # The proxy's transition series exist at 0 from the start (increase()-based alerts see the first event).
+    assert any(line.startswith("mcp_token_session_transitions_total{") and 'side="proxy"' in line
+               and 'server="stdio-test"' in line and 'state="exhausted"' in line and line.endswith(" 0.0")
+               for line in text.splitlines())
     assert sample(text, "mcp_token_proxy_messages_total", server="stdio-test", kind="invalid") == 0
     assert sample(text, "mcp_token_proxy_messages_total", server="stdio-test", kind="unmatched") == 0
     assert sample(text, "mcp_token_proxy_messages_total", direction="client_to_server", kind="notification") >= 1

@@ -142,6 +142,10 @@ def test_streamable_http(otel: Otel, instrumented: Any, mode: str) -> None:
         assert span.attributes["network.transport"] == "tcp"
         assert span.attributes["mcp_token.output_tokens"] > 0
         assert span.attributes["jsonrpc.request.id"]
+        # Where the transport knows them: the address and port reached, the protocol (issue 11).
+        assert span.attributes["server.address"] == "127.0.0.1" and span.attributes["server.port"] == port
+        assert span.attributes["network.protocol.name"] == "http"
+    assert srv.attributes["network.protocol.version"] == "1.1"  # from the request (uvicorn's h11)
     if mode == "legacy":  # stateful session: the same mcp-session-id on both sides
         assert client.attributes["mcp.session.id"]
         assert client.attributes["mcp.session.id"] == srv.attributes["mcp.session.id"]

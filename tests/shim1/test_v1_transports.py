@@ -181,6 +181,10 @@ def test_streamable_http(otel: Otel) -> None:
         assert span.attributes["mcp.protocol.version"] == types.LATEST_PROTOCOL_VERSION
         assert span.attributes["jsonrpc.request.id"]
     assert client.attributes["jsonrpc.request.id"] == srv.attributes["jsonrpc.request.id"]
+    assert client.attributes["server.address"] == "127.0.0.1" and client.attributes["server.port"] == port
+    assert client.attributes["network.protocol.name"] == "http"
+    assert srv.attributes["server.address"] == "127.0.0.1" and srv.attributes["server.port"] == port
+    assert srv.attributes["network.protocol.version"] == "1.1"
     # The server knows the id on initialize already (from its transport); the client once the response set it.
     (init_client,) = [s for s in spans if s.name == "initialize" and s.kind is SpanKind.CLIENT]
     (init_srv,) = [s for s in spans if s.name == "initialize" and s.kind is SpanKind.SERVER]

@@ -34,7 +34,7 @@ S2C = "server_to_client"
 DIRECTIONS = (C2S, S2C)
 KINDS = ("request", "response", "notification", "invalid", "unmatched")
 
-#: Span attribute: the proxied server's name (``--name``); metrics get it as ``server`` with issue 11.
+#: Span attribute: the proxied server's name (``--name``); metrics carry it as ``server`` (the recorder's default).
 A_SERVER_NAME = "mcp_token.server.name"
 
 LINES, BODY, SSE = "lines", "body", "sse"
@@ -69,6 +69,7 @@ class Pending:
     span: Span | None
     method: str
     tool: str | None
+    started: int | None = None  # time_ns() the request went through (the operation duration's start)
 
 
 class MessageStream:
@@ -248,7 +249,7 @@ class Tracker:
         elif len(self.pending) >= MAX_PENDING:
             oldest = next(iter(self.pending))
             self._abandon(self.pending.pop(oldest), now, "evicted")
-        self.pending[pending_key] = Pending(span, method, called_tool(method, params))
+        self.pending[pending_key] = Pending(span, method, called_tool(method, params), now)
 
     def _response(self, direction: str, message: dict[str, Any], now: int) -> None:
         key = _id_key(message.get("id"))
@@ -260,13 +261,14 @@ class Tracker:
         self.stats.count(direction, "response")
         rec = self.recorder
         error = message.get("error")
+        duration = max(0, now - pending.started) / 1e9 if pending.started is not None else None
         if error is not None:
             rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
-                              session_id=self.session_key)
+                              session_id=self.session_key, duration_s=duration)
         else:
             result = message.get("result")
             rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
-                              session_id=self.session_key)
+                              session_id=self.session_key, duration_s=duration)
             if pending.method == "initialize" and isinstance(result, Mapping):
                 version = result.get("protocolVersion")
                 if isinstance(version, str):

@@ -111,7 +111,7 @@ class Telemetry:
             from ...emitters.otel_setup import configure_otel
 
             self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME)
-        self.recorder = TokenRecorder(config)
+        self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
         self.prometheus: Any = None
         if metrics_port is not None or config.prometheus.enabled:
