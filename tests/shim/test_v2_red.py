@@ -22,7 +22,7 @@ from mcp_token_otel.emitters.semconv import DURATION_BUCKETS, SCHEMA_URL
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 
-from .conftest import Otel, make_config
+from .conftest import Otel, make_config, named
 
 SERVER = "red-demo"
 
@@ -247,7 +247,7 @@ def test_tool_definition_tokens_per_server(otel: Otel, red: tuple[TokenRecorder,
     assert one(found, "mcp_token_tool_definitions_tokens", server=SERVER) == sum(expected.values())
     for name, tokens in expected.items():
         assert one(found, "mcp_token_tool_definition_tokens", server=SERVER, tool=name) == tokens
-    spans = [s for s in otel.spans() if s.name == "tools/list"]
+    spans = [s for s in otel.spans() if named(s, "tools/list")]
     assert {s.kind for s in spans} == {SpanKind.CLIENT, SpanKind.SERVER}
     for span in spans:
         assert span.attributes["mcp_token.tool_definitions.tokens"] == sum(expected.values())
@@ -271,17 +271,21 @@ def test_per_tool_definitions_only_within_the_tool_bound(otel: Otel) -> None:
 def test_span_attributes_resource_uri_and_error_descriptions(otel: Otel, red: tuple[TokenRecorder, Any]) -> None:
     run_script()
     spans = otel.spans()
-    reads = [s for s in spans if s.name == "resources/read"]
+    reads = [s for s in spans if named(s, "resources/read")]
     assert {s.kind for s in reads} == {SpanKind.CLIENT, SpanKind.SERVER}
     for span in reads:
         assert span.attributes["mcp.resource.uri"] == "res://one"
-    (failing,) = [s for s in spans if s.name == "tools/call failing" and s.kind is SpanKind.CLIENT]
+    (failing,) = [s for s in spans if named(s, "tools/call failing") and s.kind is SpanKind.CLIENT]
     assert failing.status.status_code is StatusCode.ERROR
     assert failing.status.description and failing.status.description.startswith("tool_error")
     assert failing.status.description == "tool_error: Error executing tool failing"  # the result's first text
-    (rpc,) = [s for s in spans if s.name == "tools/call rpc_error" and s.kind is SpanKind.CLIENT]
+    (rpc,) = [s for s in spans if named(s, "tools/call rpc_error") and s.kind is SpanKind.CLIENT]
     assert rpc.status.description and "custom failure" in rpc.status.description  # ours or the SDK's own
-    assert all(s.instrumentation_scope.schema_url == SCHEMA_URL for s in reads if s.kind is SpanKind.CLIENT)
+    # The schema URL is set on the shim's own tracer (the SDK's spans, which the shim enriches, keep the SDK's).
+    red[0].end_span(red[0].start_span("probe", SpanKind.INTERNAL))
+    (probe,) = [s for s in otel.spans() if s.name == "probe"]
+    assert probe.instrumentation_scope.name == "mcp_token_otel"
+    assert probe.instrumentation_scope.schema_url == SCHEMA_URL
     assert SCHEMA_URL and SCHEMA_URL.startswith("https://opentelemetry.io/schemas/")
 
 
