@@ -350,3 +350,12 @@ def test_a_hand_edited_lock_is_a_lock_error_or_diffs_cleanly() -> None:
         diff_locks(old, fresh)  # must not raise
         diff_locks(fresh, old)
     assert tried > 100
+
+
+def test_a_name_listed_twice_cannot_be_locked() -> None:
+    # Regression: the lock is keyed by name, so the second 'a' silently replaced the first (totals said 2 tools).
+    tools = [{"name": "a", "description": "first"}, {"name": "a", "description": "second"}]
+    with pytest.raises(LockError, match="tool 'a' is listed twice"):
+        build_lock(profile_server(tools))
+    with pytest.raises(LockError, match="resource 'r' is listed twice"):
+        build_lock(profile_server([], [{"uri": "r", "name": "x"}, {"uri": "r", "name": "y"}]))

@@ -255,6 +255,8 @@ def build_lock(profile: ServerProfile) -> dict[str, Any]:
     """The lockfile of a server profile, as a JSON-ready dict (serialise it with :func:`lock_text`)."""
     tools: dict[str, Any] = {}
     for p, tool in zip(profile.tools, profile.tool_definitions, strict=True):
+        if p.tool_name in tools:  # keyed by name: a second definition would silently replace the first
+            raise LockError(f"tool {p.tool_name!r} is listed twice: a lock needs unique tool names")
         description = tool.get("description")
         tools[p.tool_name] = {
             "hash": digest(tool),
@@ -292,11 +294,11 @@ def build_lock(profile: ServerProfile) -> dict[str, Any]:
         "tools": tools,
     }
     for kind in OTHER_KINDS:
-        lock[kind] = {
-            item.key: {"hash": item.hash, "definition_tokens": item.definition_tokens}
-            for item in profile.others
-            if item.kind == kind
-        }
+        lock[kind] = {}
+    for item in profile.others:
+        if item.key in lock[item.kind]:
+            raise LockError(f"{_SINGULAR[item.kind]} {item.key!r} is listed twice: a lock needs unique keys")
+        lock[item.kind][item.key] = {"hash": item.hash, "definition_tokens": item.definition_tokens}
     return lock
 
 
