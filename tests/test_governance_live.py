@@ -328,6 +328,20 @@ def test_bad_lockfiles(tmp_path: Path) -> None:
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
+def test_lock_errors_leave_no_temporary_file(tmp_path: Path) -> None:
+    # Regression: `lock -o DIR` failed after writing DIR.tmp and left it behind.
+    target = tmp_path / "dir"
+    target.mkdir()
+    out = cli("lock", "-o", str(target), str(ROOT / "examples" / "tools_list_response.json"))
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"tools": [{"name": "a"}, {"name": "a", "description": "b"}]}))
+    out = cli("lock", "-o", str(tmp_path / "x.lock"), str(twice))
+    assert out.returncode == 2 and "tool 'a' is listed twice" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "x.lock").exists()
+
+
 # --------------------------------------------------------------------------- pagination
 
 PAGED_SERVER = ROOT / "tests" / "governance_paged_server.py"

@@ -399,8 +399,11 @@ def cmd_lock(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         return 0
     path = Path(args.output)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # never a half-written lockfile
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # never a half-written lockfile
+    finally:
+        tmp.unlink(missing_ok=True)  # left only when writing or replacing failed
     print(f"wrote {path}: {len(p.tools)} tools, {p.definition_tokens:,} definition tokens, "
           f"aggregate risk {p.aggregate.overall_risk}", file=sys.stderr)
     return 0
