@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -313,12 +312,12 @@ def test_upstream_dies_mid_stream() -> None:
         wait_for(lambda: _open(port), what="fake upstream")
         with http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, _):
             for _ in range(2):  # the proxy survives the first broken stream
-                started = time.monotonic()
-                with (httpx.Client(timeout=10) as client, pytest.raises(httpx.HTTPError),
+                with (httpx.Client(timeout=10) as client, pytest.raises(httpx.HTTPError) as broken,
                       client.stream("GET", base + "/mcp") as stream):
                     for _chunk in stream.iter_raw():
                         pass
-                assert time.monotonic() - started < 10
+                # the stream ends as broken, not by the client's read timeout (a proxy left hanging)
+                assert not isinstance(broken.value, httpx.TimeoutException), repr(broken.value)
     finally:
         upstream.kill()
         upstream.wait()
