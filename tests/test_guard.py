@@ -475,9 +475,18 @@ def test_bad_input_never_raises() -> None:
                session_hard_limit=True, rate_limit=True, max_chain_depth=1)
     for value in (None, 3, "text", [], {"content": "not a list"}, {"content": [None, 5, {"type": None}]},
                   {"structuredContent": {"a": [1] * 100}}, {"_meta": "odd", "content": []}):
-        e.on_result("tools/call", value, tool="t")
-        e.on_request("tools/call", value)
+        before = copy.deepcopy(value)
+        outcome = e.on_result("tools/call", value, tool="t")
+        assert value == before  # never altered in place
+        if not isinstance(value, dict):
+            assert outcome.result is value and outcome.actions == ()
+        else:
+            assert isinstance(outcome.result, dict)
+            json.dumps(outcome.result)  # still a wire value
+        decision = e.on_request("tools/call", value)
+        assert decision.allow
     e.learn_tools({"tools": [None, {"name": 5}, {"name": "x", "inputSchema": "odd"}]})
+    assert e.tool_info("x") is not None and e.tool_info("5") is None
 
 
 @pytest.mark.parametrize(
