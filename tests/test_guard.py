@@ -409,6 +409,21 @@ def test_padding_quiet_on_normal_content() -> None:
     assert checks("family: \U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f") == {}  # ZWJ, VS16 are emoji
 
 
+def test_over_cap_notice_does_not_blame_a_missing_schema() -> None:
+    # Regression: with no outputSchema known, a JSON result too wide to cut (more arrays than are cut) still
+    # said "The output schema keeps N tokens above the limit."
+    obj = {f"k{i}": list(range(30)) for i in range(300)}
+    result = {"content": [{"type": "text", "text": json.dumps(obj)}], "structuredContent": obj}
+    outcome = engine(mode="enforce", max_response_tokens=20, padding=PaddingSettings(enabled=False)).on_result(
+        "tools/call", result, tool="t")
+    over = outcome.actions[0].numbers["over_cap_tokens"]
+    notice = outcome.result["content"][-1]["text"]
+    assert over > 0 and "output schema" not in notice
+    assert f"{over:,} tokens stay above the limit: the JSON could not be cut further." in notice
+    json.loads(outcome.result["content"][0]["text"])  # still valid JSON
+    assert json.loads(outcome.result["content"][0]["text"]) == outcome.result["structuredContent"]
+
+
 def test_padding_notice_stays_short_for_many_padded_blocks() -> None:
     # Regression: the notice listed every finding, so 5,000 padded blocks gave a 120 KB notice (a flood itself).
     blocks = [{"type": "text", "text": "hi" + "\u200b" * (6 + i % 3)} for i in range(5000)]

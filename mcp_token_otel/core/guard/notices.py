@@ -27,8 +27,10 @@ def truncated(report: CapReport, tool: str | None, hint: str) -> str:
         parts.append(f"{_plural(report.blocks_dropped, 'content block')} left out.")
     if report.media_replaced:
         parts.append(f"{_plural(report.media_replaced, 'media block')} replaced by a notice.")
-    if report.over_cap_tokens:
+    if report.over_cap_tokens and report.schema_bound:
         parts.append(f"The output schema keeps {report.over_cap_tokens:,} tokens above the limit.")
+    elif report.over_cap_tokens:  # no schema to blame: too many arrays, too deep, or only short values
+        parts.append(f"{report.over_cap_tokens:,} tokens stay above the limit: the JSON could not be cut further.")
     parts.append(hint + "]")
     return " ".join(parts)
 
