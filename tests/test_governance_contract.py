@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -316,3 +316,46 @@ def test_schema_fields_and_types() -> None:
                                         "n": {"type": "integer", "required": False}}
     assert output_fields(definition) == {"hits": "array<ref:#/$defs/Hit>", "hits[].title": "string",
                                          "owner": "object", "owner.title": "string"}
+
+
+def _corruptions(lock: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every lock with one value (at any depth) replaced by a value of the wrong shape."""
+    if isinstance(lock, dict):
+        for key, value in lock.items():
+            for bad in (None, [[]], "x", True, {"k": [1]}):
+                out = copy.deepcopy(lock)
+                out[key] = bad
+                yield (*path, key), out
+            for sub_path, sub in _corruptions(value, (*path, key)):
+                out = copy.deepcopy(lock)
+                out[key] = sub
+                yield sub_path, out
+
+
+def test_a_hand_edited_lock_is_a_lock_error_or_diffs_cleanly() -> None:
+    # Regression: "server": null (and a non-dict input field, a list for max_tokens, ...) passed validation
+    # and crashed diff_locks with a traceback instead of one error line.
+    tools = [{"name": "users", "description": "d", "inputSchema": {"type": "object", "properties": {
+        "limit": {"type": "integer", "maximum": 5}, "q": {"type": "string"}}, "required": ["q"]},
+        "outputSchema": {"type": "object", "properties": {"id": {"type": "string"}}}}]
+    good = json.loads(lock_text(build_lock(profile_server(tools, [{"uri": "r", "name": "r"}], server_name="s"))))
+    fresh = validate_lock(copy.deepcopy(good))
+    tried = 0
+    for _path, bad in _corruptions(good):
+        tried += 1
+        try:
+            old = validate_lock(bad)
+        except LockError:
+            continue
+        diff_locks(old, fresh)  # must not raise
+        diff_locks(fresh, old)
+    assert tried > 100
+
+
+def test_a_name_listed_twice_cannot_be_locked() -> None:
+    # Regression: the lock is keyed by name, so the second 'a' silently replaced the first (totals said 2 tools).
+    tools = [{"name": "a", "description": "first"}, {"name": "a", "description": "second"}]
+    with pytest.raises(LockError, match="tool 'a' is listed twice"):
+        build_lock(profile_server(tools))
+    with pytest.raises(LockError, match="resource 'r' is listed twice"):
+        build_lock(profile_server([], [{"uri": "r", "name": "x"}, {"uri": "r", "name": "y"}]))

@@ -328,6 +328,35 @@ def test_bad_lockfiles(tmp_path: Path) -> None:
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
+def test_server_chosen_text_cannot_break_the_outputs(tmp_path: Path) -> None:
+    # Regression: a tool name with a backtick closed its code span (raw HTML/links reached the PR comment),
+    # newlines broke table rows, and terminal escapes reached the terminal.
+    listing = tmp_path / "odd.json"
+    name = "a|b\n| c |<img src=x>`[l](http://e)\x1b[31m"
+    listing.write_text(json.dumps({"serverInfo": {"name": "s\n# evil"}, "tools": [{"name": name}]}))
+    md = cli("profile", "--markdown", str(listing))
+    assert md.returncode == 0, md.stderr
+    row = next(line for line in md.stdout.splitlines() if line.startswith("| ``"))
+    assert row.startswith("| ``a\\|b \\| c \\|<img src=x>`[l](http://e) [31m`` | ")
+    assert "\n# evil" not in md.stdout and "\\<img" in md.stdout  # the recommendations escape it as prose
+    table = cli("profile", str(listing))
+    assert "\x1b" not in table.stdout and "\n| c" not in table.stdout
+
+
+def test_lock_errors_leave_no_temporary_file(tmp_path: Path) -> None:
+    # Regression: `lock -o DIR` failed after writing DIR.tmp and left it behind.
+    target = tmp_path / "dir"
+    target.mkdir()
+    out = cli("lock", "-o", str(target), str(ROOT / "examples" / "tools_list_response.json"))
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps({"tools": [{"name": "a"}, {"name": "a", "description": "b"}]}))
+    out = cli("lock", "-o", str(tmp_path / "x.lock"), str(twice))
+    assert out.returncode == 2 and "tool 'a' is listed twice" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "x.lock").exists()
+
+
 # --------------------------------------------------------------------------- pagination
 
 PAGED_SERVER = ROOT / "tests" / "governance_paged_server.py"

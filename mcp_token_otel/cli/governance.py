@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import types
 from collections.abc import Mapping, Sequence
@@ -324,11 +325,12 @@ def _header(p: ServerProfile) -> str:
 
 
 def print_profile_table(p: ServerProfile, out: TextIO) -> None:
-    print(f"server: {_header(p)}", file=out)
+    print(f"server: {_plain(_header(p))}", file=out)
     print(f"  {'tool':<30}{'definition':>11}  {'risk':<9}{'bounded':<8}{'max tokens':>11}{'min':>6}  "
           f"{'limit':<18}fields", file=out)
     for t in p.tools:
-        print(f"  {t.tool_name[:30]:<30}{t.definition_tokens:>11,}  {t.risk:<9}{'yes' if t.bounded else 'no':<8}"
+        name = _plain(t.tool_name)[:30]
+        print(f"  {name:<30}{t.definition_tokens:>11,}  {t.risk:<9}{'yes' if t.bounded else 'no':<8}"
               f"{t.max_tokens:>11,}{t.min_tokens:>6,}  {_limit_text(t.limit, t.limit_source):<18}"
               f"{_fields_text(t.fields)}", file=out)
     print(_totals_line(p), file=out)
@@ -338,16 +340,35 @@ def print_profile_table(p: ServerProfile, out: TextIO) -> None:
         line += f"; unbounded: {', '.join(agg.unbounded_tool_names)}"
     if agg.critical_tool_names:
         line += f"; critical: {', '.join(agg.critical_tool_names)}"
-    print(line, file=out)
+    print(_plain(line), file=out)
     recs = _ranked_recommendations(p)
     if recs:
         print("recommendations (critical first):", file=out)
         for tier, rec in recs:
-            print(f"- [{tier}] {rec}", file=out)
+            print(f"- [{tier}] {_plain(rec)}", file=out)
+
+
+#: Names, descriptions and versions come from the server: control characters (newlines, terminal escapes)
+#: must not reach a terminal or break a table row.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: What would let server-chosen text leave its table cell or add links, images or HTML to a PR comment.
+_MD_SPECIAL = re.compile(r"([\\`<>\[\]|])")
+
+
+def _plain(text: str) -> str:
+    return _CONTROL.sub(" ", text)
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return _MD_SPECIAL.sub(r"\\\1", _plain(text))
+
+
+def _md_code(text: str) -> str:
+    """``text`` as one inline code span (a fence longer than any backtick run in it; ``|`` escaped for tables)."""
+    text = _plain(text).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def print_profile_markdown(p: ServerProfile, out: TextIO) -> None:
@@ -356,7 +377,7 @@ def print_profile_markdown(p: ServerProfile, out: TextIO) -> None:
     print("| tool | definition tokens | risk | bounded | max tokens | min tokens | limit | fields |", file=out)
     print("|---|---:|---|---|---:|---:|---|---|", file=out)
     for t in p.tools:
-        print(f"| `{_md(t.tool_name)}` | {t.definition_tokens:,} | {t.risk} | {'yes' if t.bounded else 'no'} | "
+        print(f"| {_md_code(t.tool_name)} | {t.definition_tokens:,} | {t.risk} | {'yes' if t.bounded else 'no'} | "
               f"{t.max_tokens:,} | {t.min_tokens:,} | {_md(_limit_text(t.limit, t.limit_source))} | "
               f"{_md(', '.join(t.fields)) or '-'} |", file=out)
     print(file=out)
@@ -399,8 +420,11 @@ def cmd_lock(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         return 0
     path = Path(args.output)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # never a half-written lockfile
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)  # never a half-written lockfile
+    finally:
+        tmp.unlink(missing_ok=True)  # left only when writing or replacing failed
     print(f"wrote {path}: {len(p.tools)} tools, {p.definition_tokens:,} definition tokens, "
           f"aggregate risk {p.aggregate.overall_risk}", file=sys.stderr)
     return 0
@@ -468,19 +492,19 @@ def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         }, sys.stdout, indent=2, ensure_ascii=False)
         print()
     elif args.markdown:
-        print(f"### MCP token contract check: {_md(p.server_name or 'server')} against `{_md(args.lock)}`")
+        print(f"### MCP token contract check: {_md(p.server_name or 'server')} against {_md_code(args.lock)}")
         print()
         if differences:
             print("| class | kind | subject | change | detail |")
             print("|---|---|---|---|---|")
             for d in differences:
-                print(f"| **{d.cls}** | {d.kind} | `{_md(d.subject)}` | {_md(d.change)} | {_md(d.detail)} |")
+                print(f"| **{d.cls}** | {d.kind} | {_md_code(d.subject)} | {_md(d.change)} | {_md(d.detail)} |")
             print()
         print(_summary(differences, failed, args.fail_on))
     else:
         if differences:
             print(f"  {'class':<10}{'kind':<18}{'subject':<28}{'change':<28}detail")
             for d in differences:
-                print(f"  {d.cls:<10}{d.kind:<18}{d.subject[:27]:<28}{d.change:<28}{d.detail}")
+                print(f"  {d.cls:<10}{d.kind:<18}{_plain(d.subject)[:27]:<28}{d.change:<28}{_plain(d.detail)}")
         print(_summary(differences, failed, args.fail_on))
     return 1 if failed else 0

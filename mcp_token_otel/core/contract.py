@@ -255,6 +255,8 @@ def build_lock(profile: ServerProfile) -> dict[str, Any]:
     """The lockfile of a server profile, as a JSON-ready dict (serialise it with :func:`lock_text`)."""
     tools: dict[str, Any] = {}
     for p, tool in zip(profile.tools, profile.tool_definitions, strict=True):
+        if p.tool_name in tools:  # keyed by name: a second definition would silently replace the first
+            raise LockError(f"tool {p.tool_name!r} is listed twice: a lock needs unique tool names")
         description = tool.get("description")
         tools[p.tool_name] = {
             "hash": digest(tool),
@@ -292,11 +294,11 @@ def build_lock(profile: ServerProfile) -> dict[str, Any]:
         "tools": tools,
     }
     for kind in OTHER_KINDS:
-        lock[kind] = {
-            item.key: {"hash": item.hash, "definition_tokens": item.definition_tokens}
-            for item in profile.others
-            if item.kind == kind
-        }
+        lock[kind] = {}
+    for item in profile.others:
+        if item.key in lock[item.kind]:
+            raise LockError(f"{_SINGULAR[item.kind]} {item.key!r} is listed twice: a lock needs unique keys")
+        lock[item.kind][item.key] = {"hash": item.hash, "definition_tokens": item.definition_tokens}
     return lock
 
 
@@ -305,12 +307,16 @@ def lock_text(lock: Mapping[str, Any]) -> str:
     return json.dumps(lock, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def validate_lock(value: Any) -> dict[str, Any]:
     """``value`` (parsed JSON) as a lock this version reads; LockError naming what is wrong otherwise."""
     if not isinstance(value, dict):
         raise LockError("expected a JSON object")
     version = value.get("lock_version")
-    if version != LOCK_VERSION:
+    if not _is_int(version) or version != LOCK_VERSION:
         raise LockError(f"lock_version {version!r} is not supported (this version reads {LOCK_VERSION})")
     for key, kind in (("tools", dict), ("totals", dict), ("estimator", str), ("rule", str), ("thresholds", dict)):
         if not isinstance(value.get(key), kind):
@@ -325,8 +331,29 @@ def validate_lock(value: Any) -> dict[str, Any]:
                            ("input", dict), ("output", dict)):
             if not isinstance(entry.get(key), types):
                 raise LockError(f"tools.{name}.{key} is missing or not a {types.__name__}")
+        if isinstance(entry["definition_tokens"], bool):
+            raise LockError(f"tools.{name}.definition_tokens is missing or not a int")
         if entry["risk"] not in RISK_TIERS:
             raise LockError(f"tools.{name}.risk: expected one of {', '.join(RISK_TIERS)}, got {entry['risk']!r}")
+        # every key diff_locks reads is checked here, so a hand-edited lock is one error line, not a traceback
+        for key in ("max_tokens", "limit"):
+            if entry.get(key) is not None and not _is_int(entry[key]):
+                raise LockError(f"tools.{name}.{key}: expected an integer or null, got {entry[key]!r}")
+        for field_name, entry_field in entry["input"].items():
+            if not isinstance(entry_field, dict):
+                raise LockError(f"tools.{name}.input.{field_name}: expected an object, got {entry_field!r}")
+        for path, kind in entry["output"].items():
+            if not isinstance(kind, str):
+                raise LockError(f"tools.{name}.output.{path}: expected a type name, got {kind!r}")
+    for kind in OTHER_KINDS:
+        for key, entry in value.get(kind, {}).items():
+            if not isinstance(entry, dict) or not _is_int(entry.get("definition_tokens", 0)):
+                raise LockError(f"{kind}.{key}: expected an object with an integer definition_tokens")
+    if not _is_int(value["totals"].get("definition_tokens", 0)):
+        raise LockError(f"totals.definition_tokens: expected an integer, got {value['totals']['definition_tokens']!r}")
+    server = value.get("server", {})
+    if not isinstance(server, dict) or not all(isinstance(server.get(k, ""), str) for k in ("name", "version")):
+        raise LockError(f"'server': expected an object with string name and version, got {server!r}")
     try:
         RiskThresholds.coerce(value["thresholds"])
     except (TypeError, ValueError) as exc:

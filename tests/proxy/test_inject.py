@@ -197,3 +197,31 @@ def test_line_injector_framing() -> None:
     huge = b'{"jsonrpc":"2.0","id":9,"method":"z","params":{"t":"' + b"x" * (5 * 1024 * 1024) + b'"}}\n'
     passed = b"".join(lines.feed(huge[i:i + 65536]) for i in range(0, len(huge), 65536))
     assert passed == huge and len(measurer.injected) == 2  # too long to inspect: forwarded as it is
+
+
+def test_messages_that_cannot_be_rewritten_go_as_they_came() -> None:
+    # Regression: a lone surrogate escape made json.dumps(...).encode() raise inside the relay thread, which
+    # died: that line and everything after it never reached the server. 1e999 went out as `Infinity` (not JSON).
+    measurer = _Measurer()
+    lines = LineInjector(Injector(measurer), tracker=None)
+    odd = [b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x":"\\ud800"}}',
+           b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"x":1e999}}',
+           b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"x":NaN}}']
+    for line in odd:
+        assert lines.feed(line + b"\n") == line + b"\n"
+    assert measurer.injected == []  # no ids announced for a message sent unchanged
+    after = lines.feed(b'{"jsonrpc":"2.0","id":4,"method":"ping","params":{}}\n')
+    assert json.loads(after)["params"]["_meta"]["traceparent"] and [i[0] for i in measurer.injected] == [4]
+
+
+def test_stdio_relay_survives_an_unencodable_request(tmp_path: Path) -> None:
+    seen = tmp_path / "seen.jsonl"
+    sent = [b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"x":"\\ud800"}}',
+            b'{"jsonrpc":"2.0","id":2,"method":"ping"}']
+    proc = subprocess.run(
+        proxy_argv("--inject-trace-context", "--", sys.executable, "-c", RECORDER, str(seen)),
+        input=b"".join(m + b"\n" for m in sent), capture_output=True, timeout=60, env={**os.environ, **proxy_env()},
+    )
+    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+    assert seen.read_bytes().splitlines() == sent
+    assert len(proc.stdout.splitlines()) == 2

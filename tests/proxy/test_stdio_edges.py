@@ -64,8 +64,13 @@ def test_messages_forwarded_unchanged_and_counted(receiver: Receiver) -> None:
         got += chunk
 
     def counted() -> str | None:
+        # Both directions are measured independently: wait for the last message of each (the client's
+        # unmatched response, the server's invalid line), not only the client side, before comparing.
         text = scrape(port)
-        return text if sample(text, "mcp_token_proxy_messages_total", kind="unmatched") >= 1 else None
+        done = (sample(text, "mcp_token_proxy_messages_total", kind="unmatched") >= 1
+                and sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind="invalid") >= 1
+                and sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind="response") >= 2)
+        return text if done else None
 
     text = wait_for(counted, what="counts")
     out, err, code = _finish(proc)

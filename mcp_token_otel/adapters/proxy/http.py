@@ -196,13 +196,17 @@ class Upstream:
 class HttpProxy:
     def __init__(self, upstream: str, host: str, port: int, *, name: str | None = None,
                  inject: bool = False) -> None:
-        url = urllib.parse.urlsplit(upstream)
+        try:
+            url = urllib.parse.urlsplit(upstream)
+            upstream_port = url.port  # ValueError when out of range or not a number
+        except ValueError:
+            url, upstream_port = urllib.parse.urlsplit(""), None
         if url.scheme not in ("http", "https") or not url.hostname:
             raise StartupError(f"--upstream: expected an http:// or https:// URL, got {upstream!r}")
         self.upstream = upstream
         self.url = url
         self.upstream_host = url.hostname
-        self.upstream_port = url.port or (443 if url.scheme == "https" else 80)
+        self.upstream_port = upstream_port or (443 if url.scheme == "https" else 80)
         self.host, self.port = host, port
         self.name = name or url.hostname
         self.inject = inject

@@ -37,35 +37,39 @@ class Injector:
             message = json.loads(raw)
         except (ValueError, RecursionError):
             return raw
-        changed = False
-        if isinstance(message, list):
-            for item in message:
-                changed = self._inject(tracker, item) or changed
-        else:
-            changed = self._inject(tracker, message)
-        if not changed:
+        injected: list[tuple[Any, int, int]] = []
+        for item in message if isinstance(message, list) else (message,):
+            self._inject(item, injected)
+        if not injected:
             return raw
-        return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+        try:
+            body = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+        except (ValueError, RecursionError):  # a lone surrogate ("\ud800") or 1e999 (inf has no JSON): as it came
+            return raw
+        # The measuring side learns the ids only for a message that really goes out rewritten.
+        for request_id, trace_id, span_id in injected:
+            self.measurer.inject(tracker, request_id, trace_id, span_id)
+        return body
 
-    def _inject(self, tracker: Any, message: Any) -> bool:
+    @staticmethod
+    def _inject(message: Any, injected: list[tuple[Any, int, int]]) -> None:
         if not isinstance(message, dict) or not isinstance(message.get("method"), str) or "id" not in message:
-            return False
+            return
         params = message.get("params")
         if not isinstance(params, dict):
-            return False  # never create params (nor replace a non-object)
+            return  # never create params (nor replace a non-object)
         meta = params.get("_meta")
-        if meta is None:
-            meta = params["_meta"] = {}
-        elif not isinstance(meta, dict) or "traceparent" in meta:
-            return False
+        if meta is not None and (not isinstance(meta, dict) or "traceparent" in meta):
+            return
         request_id = message["id"]
         if isinstance(request_id, bool) or not isinstance(request_id, (str, int, float)):
-            return False
+            return
         trace_id = _random.getrandbits(128) or 1
         span_id = _random.getrandbits(64) or 1
+        if meta is None:
+            meta = params["_meta"] = {}
         meta["traceparent"] = traceparent(trace_id, span_id)
-        self.measurer.inject(tracker, request_id, trace_id, span_id)
-        return True
+        injected.append((request_id, trace_id, span_id))
 
 
 class LineInjector:

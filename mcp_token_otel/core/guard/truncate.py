@@ -345,6 +345,8 @@ class CapReport:
     strings: list[str] = field(default_factory=list)
     #: The cut could not reach the cap (minItems or constrained strings): tokens above it.
     over_cap_tokens: int = 0
+    #: An outputSchema constrained the cut (else only the JSON's shape can keep it above the cap).
+    schema_bound: bool = False
     notice: str = ""
 
 
@@ -484,6 +486,7 @@ def cap_result(
         report.strings.extend("structuredContent" + p for p in cut.strings)
     report.kept_tokens = kept
     report.over_cap_tokens = max(0, kept - cap)
+    report.schema_bound = output_schema is not None
     hint = (pagination.hint(tool, report, arguments, lines=lines, chars=chars) if pagination
             else no_pagination_hint(tool))
     report.notice = notices.truncated(report, tool, hint)
