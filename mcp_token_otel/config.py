@@ -329,6 +329,8 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         leaf_type = _leaf_type(known[name])
         if leaf_type is str:
             value: Any = raw  # kept verbatim: a password "12345678" or a host "0x1F" is text, not a number
+        elif leaf_type is bool and raw.strip() in ("0", "1"):
+            value = raw.strip() == "1"  # the shell's convention for switches, besides true/false
         else:
             value = _env_scalar(raw, mapping=typing.get_origin(leaf_type) in (dict, Mapping))
         *parents, leaf = known[name]

@@ -178,3 +178,11 @@ def test_readme_configuration_table_lists_every_key() -> None:
     missing = [f"{'.'.join(path)} ({name})" for name, path in env_keys().items()
                if f"| `{'.'.join(path)}` |" not in table or f"`{name}`" not in table]
     assert not missing, f"README configuration table lacks: {missing}"
+
+
+def test_boolean_environment_switches_accept_1_and_0() -> None:
+    on = load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_ENABLED": "1", "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "1"})
+    assert on.prometheus.enabled is True and on.guard.annotate_meta is True
+    assert load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_ENABLED": "0"}).prometheus.enabled is False
+    with pytest.raises(ConfigError, match=r"'prometheus\.enabled': expected true or false"):
+        load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_ENABLED": "2"})
