@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,47 +101,43 @@ def test_stdio(otel: Otel, instrumented: Any, tmp_path: Path, mode: str) -> None
     assert_grows(values)
 
 
-def test_sse(otel: Otel, instrumented: Any) -> None:
+def run_served(app: Any, client: Callable[[int], Awaitable[None]]) -> None:
+    """Serve ``app`` on a free loopback port, run ``client(port)`` against it, stop the server (bounded)."""
     port = free_port()
-    app = echo_server().sse_app()
 
     async def main() -> None:
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 server = await serve(tg, app, port)
                 try:
-                    async with sse_client(f"http://127.0.0.1:{port}/sse") as (read, write), ClientSession(
-                        read, write
-                    ) as session:
-                        await session.initialize()
-                        await three_calls(session.call_tool)
+                    await client(port)
                 finally:
                     server.should_exit = True
 
     anyio.run(main)
+
+
+def test_sse(otel: Otel, instrumented: Any) -> None:
+    async def client(port: int) -> None:
+        async with sse_client(f"http://127.0.0.1:{port}/sse") as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            await three_calls(session.call_tool)
+
+    run_served(echo_server().sse_app(), client)
     assert_grows(session_tokens(otel, SpanKind.SERVER))
     assert_grows(session_tokens(otel, SpanKind.CLIENT))
 
 
 def test_streamable_http_stateful(otel: Otel, instrumented: Any) -> None:
-    port = free_port()
-    app = echo_server().streamable_http_app()
+    async def client(port: int) -> None:
+        async with (
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            await three_calls(session.call_tool)
 
-    async def main() -> None:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                server = await serve(tg, app, port)
-                try:
-                    async with (
-                        streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
-                        ClientSession(read, write) as session,
-                    ):
-                        await session.initialize()
-                        await three_calls(session.call_tool)
-                finally:
-                    server.should_exit = True
-
-    anyio.run(main)
+    run_served(echo_server().streamable_http_app(), client)
     assert_grows(session_tokens(otel, SpanKind.SERVER))
     assert_grows(session_tokens(otel, SpanKind.CLIENT))
 
@@ -149,21 +146,14 @@ def test_streamable_http_stateful(otel: Otel, instrumented: Any) -> None:
 def test_http_without_session_has_no_server_budget(otel: Otel, instrumented: Any, stateless: bool) -> None:
     """Stateless HTTP, or the 2026 protocol over HTTP: nothing ties two requests to one client, so the server
     keeps no budget (no made-up per-call session); the client still has its own."""
-    port = free_port()
     server_app = echo_server()
     app = server_app.streamable_http_app(stateless_http=True) if stateless else server_app.streamable_http_app()
 
-    async def main() -> None:
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                server = await serve(tg, app, port)
-                try:
-                    async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy" if stateless else "auto") as c:
-                        await three_calls(c.call_tool)
-                finally:
-                    server.should_exit = True
+    async def client(port: int) -> None:
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy" if stateless else "auto") as c:
+            await three_calls(c.call_tool)
 
-    anyio.run(main)
+    run_served(app, client)
     assert session_tokens(otel, SpanKind.SERVER) == []
     assert_grows(session_tokens(otel, SpanKind.CLIENT))
     server_state = otel.metrics().get("mcp_token.sessions", [])
