@@ -64,6 +64,11 @@ from ._common import (
     wire_dict,
 )
 
+try:
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS as _MODERN_VERSIONS
+except ImportError:  # pragma: no cover - an SDK before the 2026 protocol
+    _MODERN_VERSIONS = ()
+
 logger = logging.getLogger(__name__)
 
 #: The request whose SDK CLIENT span the next ``otel_span(kind=CLIENT)`` hands over (single use).
@@ -85,6 +90,14 @@ _DEPTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("mcp_token_d
 _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mcp_token_server_transport", default=None
 )
+
+def _envelope(refusal: dict[str, Any], version: Any) -> dict[str, Any]:
+    """A guard's refusal shaped as the negotiated protocol shapes a result: a 2026-era result carries its
+    ``resultType`` (the SDK adds it to handler results; a short-circuiting middleware owns its envelope)."""
+    if version in _MODERN_VERSIONS and "resultType" not in refusal:
+        return {**refusal, "resultType": "complete"}
+    return refusal
+
 
 def _deeper(params: Any) -> Any:
     """``params`` with the next chain depth when sent from inside a served request (guards on), else as is."""
@@ -157,6 +170,8 @@ class OutboundCall:
         self.started = False
         #: Guard events decided before the span exists (replayed onto it in start()).
         self.pending: PendingEvents | None = None
+        #: The protocol version the session negotiated (shapes a refusal), where the caller knows it.
+        self.version: str | None = None
         self._tokens: tuple[Any, Any] = (None, None)
         self._outer: Span | None = None
         try:
@@ -210,6 +225,7 @@ class OutboundCall:
             refusal = rec.guard_request(self.pending, self.side, self.method, self.params, self.key)
             if refusal is not None:
                 self.start()
+                refusal = _envelope(refusal, self.version)
                 rec.record_output(self.span, self.side, self.method, self.tool, result=refusal, session_id=self.key)
                 return refusal
         if not jsonrpc:
@@ -332,17 +348,17 @@ class TokenMiddleware:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
         server = self._server
-        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
-        tool = called_tool(method, params)
         guarded = ctx.request_id is not None and rec.guards("server")
         refusal: dict[str, Any] | None = None
         depth_token: contextvars.Token[int | None] | None = None
-        if guarded:
+        if guarded:  # on the session's budget before this request is added to it
             refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
             try:  # the handler's own requests (nested calls, sampling) carry one more
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
                 rec._fault("guard")
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
+        tool = called_tool(method, params)
         tokens = _activate(own)
         # What the requests this handler sends (sampling, elicitation) are measured with.
         sends = {k: v for k, v in extra.items() if k in (A_SESSION_ID, A_TRANSPORT)}
@@ -352,6 +368,7 @@ class TokenMiddleware:
         started = time.perf_counter()
         try:
             if refusal is not None:  # answered by the guard: the handler is not called
+                refusal = _envelope(refusal, ctx.protocol_version)
                 rec.record_output(span, "server", method, tool, result=refusal, session_id=session_key,
                                   started=started, server=server)
                 return refusal
@@ -442,6 +459,7 @@ class DispatcherProxy:
         except Exception:
             shim.recorder._fault("span")
         call = OutboundCall(shim, "client", method, params, self._key, attrs, self._http)
+        call.version = self._protocol_version()
         try:
             result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
             if method == "initialize" and isinstance(result, Mapping):
