@@ -276,8 +276,8 @@ def test_session_hard_limit_server_refuses_without_calling(otel: Otel, mode: str
     assert tokens >= 1800
     assert texts(refused) == [
         f"Token budget spent: this session has used {tokens:,} of its 2,000-token context window "
-        f"({round(100 * tokens / 2000)}%) in {calls} call{'s' if calls != 1 else ''}. The call to echo was not made. Start a new session to "
-        "continue."
+        f"({round(100 * tokens / 2000)}%) in {calls} call{'s' if calls != 1 else ''}. The call to echo was not "
+        "made. Start a new session to continue."
     ]
     assert actions(sink, "session_limit", side="server", action="refused", enforced="true", tool="echo") == 1
     assert actions(sink, "session_limit", side="client") == 0
