@@ -353,6 +353,7 @@ class TokenMiddleware:
         depth_token: contextvars.Token[int | None] | None = None
         if guarded:  # on the session's budget before this request is added to it
             refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
+        if ctx.request_id is not None and rec.guard_active:  # whichever sides guard, the depth travels on
             try:  # the handler's own requests (nested calls, sampling) carry one more
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
@@ -528,9 +529,21 @@ class DispatcherProxy:
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
-            rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
-                              started=started)
-            return result
+            if not rec.guards("client"):
+                rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
+                                  started=started)
+                return result
+            try:
+                wire = wire_dict(result)
+            except Exception:
+                rec._fault("estimate")
+                return result
+            _, out = rec.record_guarded_output(span, "client", method, None, wire, self._key, started=started)
+            try:  # the answer the client sends back (sampling, elicitation), as the guards left it
+                return deliver(result, wire, out)
+            except Exception:
+                rec._fault("guard")
+                return result
         finally:
             _deactivate(tokens)
             rec.end_span(span)

@@ -365,6 +365,12 @@ def test_chain_depth_observe_and_server_side(otel: Otel, mode: str) -> None:
     assert CALLS == [("hop", 3), ("hop", 2)]  # the server refused depth 2
     assert texts(result)[0].startswith("Chain depth limit reached: this call is at depth 2")
     assert actions(sink, "chain_depth", side="server", enforced="true") == 1
+    with guarded(otel, {"mode": "enforce", "max_chain_depth": 1, "sides": ["client"]}) as (_, sink):
+        CALLS.clear()  # the server does not guard, yet its handlers' calls still carry the depth
+        result = run(lambda c: c.call_tool("hop", {"n": 3, "mode": mode}), mode)
+    assert CALLS == [("hop", 3), ("hop", 2)]
+    assert actions(sink, "chain_depth", side="client", enforced="true") == 1
+    assert actions(sink, "chain_depth", side="server") == 0
 
 
 @pytest.mark.filterwarnings("ignore:The sampling capability is deprecated")
