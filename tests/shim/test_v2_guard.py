@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -307,6 +308,34 @@ def test_session_hard_limit_observe_lets_it_through(otel: Otel, mode: str) -> No
     # Each call made once the session was exhausted is counted as what enforce mode would have refused.
     assert actions(sink, "session_limit", side="server", action="refused", enforced="false") >= 1
     assert actions(sink, "session_limit", side="client", action="refused", enforced="false") >= 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_session_warning_note_once(otel: Otel, mode: str) -> None:
+    """Past the warning ratio every tool result ends with one note (the server's; the client adds no second)."""
+    guard = {"mode": "enforce", "session_warning_note": True}
+    with guarded(otel, guard, budget={"context_window": 4000}) as (_, sink):
+        results = run(lambda c: exhaust_then_call(c, 4), mode)
+    assert not any(r.is_error for r in results)
+    notes = [[t for t in texts(r) if t.startswith("[mcp-token-otel: this session has used ")] for r in results]
+    assert notes[0] == [] and notes[-1] != []
+    for note in notes:
+        assert len(note) <= 1
+    found = re.fullmatch(r"\[mcp-token-otel: this session has used ([\d,]+) of .*? in (\d+) calls\. .*", notes[-1][0])
+    assert found is not None
+    tokens, calls = int(found[1].replace(",", "")), int(found[2])
+    assert tokens >= 3000  # past 0.75 of 4,000
+    assert notes[-1][0] == (
+        f"[mcp-token-otel: this session has used {tokens:,} of its 4,000-token context window "
+        f"({round(100 * tokens / 4000)}%) in {calls} calls. Prefer narrow requests, and start a new session before it "
+        "runs out.]"
+    )
+    assert actions(sink, "session_warning", side="server", action="warned", enforced="true") == sum(map(len, notes))
+    assert actions(sink, "session_warning", side="client", enforced="true") == 0
+    with guarded(otel, {**guard, "mode": "observe"}, budget={"context_window": 4000}) as (_, sink):
+        results = run(lambda c: exhaust_then_call(c, 4), mode)
+    assert all(texts(r) == [PROSE] for r in results)
+    assert actions(sink, "session_warning", side="server", enforced="false") >= 1
 
 
 # ---------------------------------------------------------------------------------------------- rate limit

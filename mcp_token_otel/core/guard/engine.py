@@ -274,9 +274,8 @@ class GuardEngine:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
             data = m.data_tokens
-            content = result.get("content")
-            if data > tp.max_response_tokens and isinstance(content, list) and content and _is_notice(content[-1]):
-                data -= self.policy.estimator(content[-1]["text"])  # cut upstream already: never cut twice
+            if data > tp.max_response_tokens:  # cut upstream already (its notices end it): never cut twice
+                data -= sum(self.policy.estimator(b["text"]) for b in _trailing_notices(result.get("content")))
             if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
@@ -306,10 +305,11 @@ class GuardEngine:
                 and budget.state != "ok" and isinstance(new.get("content"), list)):
             numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
                        "calls": budget.calls}
-            if enforce:
+            upstream = any(b["text"].startswith(_WARNING) for b in _trailing_notices(new.get("content")))
+            if enforce and not upstream:  # one note, even when a guard upstream wrote it already
                 note = notices.session_warning(budget.tokens, budget.context_window, budget.calls)
                 new = {**new, "content": [*new["content"], {"type": "text", "text": note}]}
-            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce, numbers))
+            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce and not upstream, numbers))
 
         context_tokens: int | None = None
         if new is not result:
@@ -384,6 +384,20 @@ def _is_notice(block: Any) -> bool:
     """A text block that is one of the guards' own notices (as a guard upstream appends or prepends it)."""
     text = block.get("text") if isinstance(block, Mapping) else None
     return isinstance(text, str) and text.startswith("[mcp-token-otel") and _NOTICE.fullmatch(text) is not None
+
+
+_WARNING = f"[{notices.PREFIX}: this session has used "
+
+
+def _trailing_notices(content: Any) -> list[Mapping[str, Any]]:
+    """The guards' notice blocks that end ``content`` (a truncation notice, a session warning note)."""
+    out: list[Mapping[str, Any]] = []
+    if isinstance(content, list):
+        for block in reversed(content):
+            if not _is_notice(block):
+                break
+            out.append(block)
+    return out
 
 
 def _texts(result: Mapping[str, Any]) -> list[str]:
