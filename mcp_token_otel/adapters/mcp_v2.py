@@ -219,7 +219,7 @@ class OutboundCall:
         Guards on: the request is guarded before it is sent (a refusal answers at once; the request is never
         sent) and the result before it is handed back."""
         rec = self.shim.recorder
-        guarded = rec.guards(self.side)
+        guarded = rec.guard_active and rec.guards(self.side)
         if guarded:
             self.pending = PendingEvents()
             refusal = rec.guard_request(self.pending, self.side, self.method, self.params, self.key)
@@ -348,13 +348,14 @@ class TokenMiddleware:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
         server = self._server
-        guarded = ctx.request_id is not None and rec.guards("server")
+        guarded = False
         refusal: dict[str, Any] | None = None
         depth_token: contextvars.Token[int | None] | None = None
-        if guarded:  # on the session's budget before this request is added to it
-            refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
-        if ctx.request_id is not None and rec.guard_active:  # whichever sides guard, the depth travels on
-            try:  # the handler's own requests (nested calls, sampling) carry one more
+        if rec.guard_active and ctx.request_id is not None:  # the guards off: this one check
+            guarded = rec.guards("server")
+            if guarded:  # on the session's budget before this request is added to it
+                refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
+            try:  # whichever sides guard, the handler's own requests (nested calls, sampling) carry one more
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
                 rec._fault("guard")
@@ -529,7 +530,7 @@ class DispatcherProxy:
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
-            if not rec.guards("client"):
+            if not (rec.guard_active and rec.guards("client")):
                 rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
                                   started=started)
                 return result
