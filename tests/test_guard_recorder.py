@@ -328,3 +328,23 @@ def test_multiprocess_mode(tmp_path: Path) -> None:
                             tool_name="t", policy=Policy(estimator=lambda s: -(-len(s) // 4), estimator_name="chars/4"),
                             ).total_tokens
     assert cost.value == pytest.approx(6 * tokens * 5e-6)
+
+
+def test_refusal_series_start_at_zero(harness_factory: Any) -> None:
+    """A tool's first guarded call creates its refusal and padding series at 0 (alerts take increase() of them)."""
+    h = harness_factory(guard={"mode": "enforce", "session_hard_limit": True, "rate_limit": True,
+                               "tools": {"quiet": {"mode": "observe"}}})
+    for tool in ("t", "quiet"):
+        assert h.rec.guard_request(None, "server", "tools/call", {"name": tool}, "s1", server="srv") is None
+    for policy in ("session_limit", "rate_limit"):
+        assert h.value("mcp_token_guard_actions_total", **{**guard_labels(policy, "refused", "true"),
+                                                           "server": "srv"}) == 0
+        assert h.value("mcp_token_guard_actions_total", **{**guard_labels(policy, "refused", "false", tool="quiet"),
+                                                           "server": "srv"}) == 0
+    padding = {**guard_labels("padding", "found", "true"), "server": "srv"}
+    assert h.value("mcp_token_guard_actions_total", **padding) == 0
+    assert h.value("mcp_token_guard_actions_total", **{**guard_labels("chain_depth", "refused", "true"),
+                                                       "server": "srv"}) is None  # not switched on
+    h.rec.guard_request(None, "server", "tools/list", None, "s1")  # no tool: nothing more
+    rows = [s for f in h.prom.registry.collect() for s in f.samples if s.name == "mcp_token_guard_actions_total"]
+    assert len(rows) == 6
