@@ -348,3 +348,17 @@ def test_refusal_series_start_at_zero(harness_factory: Any) -> None:
     h.rec.guard_request(None, "server", "tools/list", None, "s1")  # no tool: nothing more
     rows = [s for f in h.prom.registry.collect() for s in f.samples if s.name == "mcp_token_guard_actions_total"]
     assert len(rows) == 6
+
+
+def test_guard_sides_config() -> None:
+    from mcp_token_otel.config import ConfigError, config_as_dict, config_from_dict, load_config
+
+    assert config_from_dict({}).guard.sides == ["client", "server", "proxy"]
+    assert load_config(env={"MCP_TOKEN_OTEL_GUARD_SIDES": "client, server"}).guard.sides == ["client", "server"]
+    assert load_config(env={"MCP_TOKEN_OTEL_GUARD_SIDES": "[proxy]"}).guard.sides == ["proxy"]
+    assert config_from_dict({"guard": {"sides": "server"}}).guard.sides == ["server"]
+    assert config_as_dict(config_from_dict({"guard": {"sides": ["proxy"]}}))["guard"]["sides"] == ["proxy"]
+    with pytest.raises(ConfigError, match=r"config key 'guard.sides': expected a list of client, server, proxy"):
+        config_from_dict({"guard": {"sides": ["browser"]}})
+    with pytest.raises(ConfigError, match=r"config key 'guard.sides': expected a list of names"):
+        config_from_dict({"guard": {"sides": 3}})
