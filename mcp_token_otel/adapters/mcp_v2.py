@@ -91,6 +91,7 @@ _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mcp_token_server_transport", default=None
 )
 
+
 def _envelope(refusal: dict[str, Any], version: Any) -> dict[str, Any]:
     """A guard's refusal shaped as the negotiated protocol shapes a result: a 2026-era result carries its
     ``resultType`` (the SDK adds it to handler results; a short-circuiting middleware owns its envelope)."""
