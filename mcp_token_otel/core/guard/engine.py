@@ -270,7 +270,9 @@ class GuardEngine:
         if method == "tools/call" and tp.max_response_tokens:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
-            if m.data_tokens > tp.max_response_tokens:
+            # A result a guard upstream (the peer's shim) already cut carries its notice: not cut again for it.
+            if (m.data_tokens > tp.max_response_tokens
+                    and m.data_tokens - _own_notice_tokens(result, self.policy) > tp.max_response_tokens):
                 cap = tp.max_response_tokens
                 if enforce:
                     info = self.tool_info(tool)
@@ -362,12 +364,33 @@ class GuardEngine:
             new, stripped = _strip(new)
             numbers["stripped"] = stripped
         noticed = method == "tools/call" and isinstance(new.get("content"), list)
-        if noticed:  # first, so the model reads the warning before the content
+        upstream = noticed and _first_text(new).startswith(_PADDING_NOTICE)  # a guard upstream already warned
+        if noticed and not upstream:  # first, so the model reads the warning before the content
             notice = {"type": "text", "text": notices.padding(findings, stripped)}
             new = {**new, "content": [notice, *new["content"]]}
         actions.append(GuardAction(PADDING, "stripped" if stripped else "found", tool, noticed or stripped > 0,
                                    numbers))
         return new
+
+
+_NOTICE = "[" + notices.PREFIX
+_PADDING_NOTICE = _NOTICE + " security notice:"
+
+
+def _first_text(result: Mapping[str, Any]) -> str:
+    content = result.get("content")
+    first = content[0] if isinstance(content, list) and content else None
+    text = first.get("text") if isinstance(first, Mapping) else None
+    return text if isinstance(text, str) else ""
+
+
+def _own_notice_tokens(result: Mapping[str, Any], policy: Policy) -> int:
+    """Tokens of the notice blocks the guards put in a result (a peer's shim cut it already)."""
+    content = result.get("content")
+    if not isinstance(content, list):
+        return 0
+    return sum(policy.estimator(b["text"]) for b in content
+               if isinstance(b, Mapping) and isinstance(b.get("text"), str) and b["text"].startswith(_NOTICE))
 
 
 def _texts(result: Mapping[str, Any]) -> list[str]:
