@@ -28,6 +28,7 @@ from mcp_token_otel.core.guard import META_DEPTH_KEY, META_GUARD_KEY, META_TOKEN
 
 from .conftest import Otel, make_config
 from .servers.guard_server import make_server as make_guard_server
+from .servers.guard_server import words
 
 GUARD_SERVER = Path(__file__).parent / "servers" / "guard_server.py"
 ZW = "\u200b"
@@ -167,13 +168,17 @@ ALL_POLICIES: dict[str, Any] = {
 
 @pytest.mark.parametrize("mode", ["off", "observe"])
 def test_results_identical_to_uninstrumented(otel: Otel, mode: str) -> None:
-    """Off, and observe with every policy triggered: every result is exactly what the SDK alone delivers."""
+    """Off, and observe with every policy triggered: every result is exactly what the SDK alone delivers (in
+    observe mode the nested requests carry their chain depth in _meta, which the chain tool reads)."""
     plain = [r.model_dump(**WIRE) for r in run_calls(make_server(Counter()), CALLS)]
     with guarded(otel, {"mode": mode, **ALL_POLICIES}, budget={"context_window": 2000}) as recorder:
         calls: Counter[str] = Counter()
         seen = [r.model_dump(**WIRE) for r in run_calls(make_server(calls), CALLS)]
         recorder.flush()
         assert recorder.guard_active is (mode == "observe")
+    if mode == "observe":  # the one difference: the depth travels in _meta, and the chain tool reports it
+        assert text_of(types.CallToolResult.model_validate(seen.pop())) == "0|1|2"
+        assert text_of(types.CallToolResult.model_validate(plain.pop())) == "0|0|0"
     assert seen == plain
     assert calls["chain"] == 3 and calls["text"] == 1  # nothing refused
     assert recorder.error_counts["guard"] == 0
@@ -216,7 +221,7 @@ def test_response_cap_enforce_text(otel: Otel) -> None:
         "text declares no pagination inputs: ask for a narrower request to see the rest.]"
     )
     kept_text = text_of(result, 0)
-    assert ("word " * 2000).startswith(kept_text) and len(kept_text) < 10_000
+    assert words(2000).startswith(kept_text) and 0 < len(kept_text) <= 4 * 50
     # The server's cut is under the cap when the client sees it: nothing is cut twice.
     (client,) = tool_spans(otel, "text", SpanKind.CLIENT)
     assert guard_events(client, "response_cap") == []
@@ -251,11 +256,11 @@ def test_response_cap_observe(otel: Otel) -> None:
     with guarded(otel, {"mode": "observe", "max_response_tokens": 50}) as recorder:
         (result,) = run_calls(make_server(Counter()), [("text", {"n": 2000})])
         recorder.flush()
-    assert text_of(result) == "word " * 2000 and len(result.content) == 1
+    assert text_of(result) == words(2000) and len(result.content) == 1
     (srv,) = tool_spans(otel, "text", SpanKind.SERVER)
     (event,) = guard_events(srv, "response_cap")
     assert event["mcp_token.guard.enforced"] is False and event["mcp_token.guard.cap"] == 50
-    assert event["mcp_token.guard.tokens"] == 2500
+    assert event["mcp_token.guard.tokens"] == pytest.approx(len(words(2000)) / 4, abs=1)
     counts = guard_counts(otel)
     assert counts[("server", "response_cap", "truncated", "false")] == 1
     assert counts[("client", "response_cap", "truncated", "false")] == 1  # observe: the client sees it too
@@ -265,8 +270,8 @@ def test_response_cap_observe(otel: Otel) -> None:
 
 
 def budget_text(tokens: int, calls: int) -> str:
-    return (f"Token budget spent: this session has used {tokens:,} of its 4,000-token context window "
-            f"({round(100 * tokens / 4000)}%) in {calls} calls. The call to text was not made. Start a new session "
+    return (f"Token budget spent: this session has used {tokens:,} of its 10,000-token context window "
+            f"({round(100 * tokens / 10_000)}%) in {calls} calls. The call to text was not made. Start a new session "
             "to continue.")
 
 
@@ -274,10 +279,11 @@ def budget_text(tokens: int, calls: int) -> str:
 def test_session_hard_limit_enforce(otel: Otel, sides: list[str]) -> None:
     calls: Counter[str] = Counter()
     with guarded(otel, {"mode": "enforce", "session_hard_limit": True, "sides": sides},
-                 budget={"context_window": 4000}) as recorder:
+                 budget={"context_window": 10_000}) as recorder:
         results = run_calls(make_server(calls), [("text", {"n": 1000})] * 4)
         recorder.flush()
-    # 1,250 tokens a response: exhausted (0.9 x 4,000) after the third; the fourth never reaches the tool.
+    # ~4,000 tokens a response (text and structuredContent): exhausted (0.9 x 10,000) after the third; the
+    # fourth never reaches the tool.
     assert [r.isError for r in results] == [False, False, False, True]
     assert calls["text"] == 3
     refusal = results[3]
@@ -296,7 +302,7 @@ def test_session_hard_limit_enforce(otel: Otel, sides: list[str]) -> None:
 def test_session_hard_limit_observe(otel: Otel) -> None:
     calls: Counter[str] = Counter()
     with guarded(otel, {"mode": "observe", "session_hard_limit": True, "sides": ["server"]},
-                 budget={"context_window": 4000}) as recorder:
+                 budget={"context_window": 10_000}) as recorder:
         results = run_calls(make_server(calls), [("text", {"n": 1000})] * 5)
         recorder.flush()
     assert not any(r.isError for r in results) and calls["text"] == 5
@@ -408,10 +414,9 @@ def test_annotate_meta_enforce(otel: Otel) -> None:
     for result in (listed, text, meta):  # every result, not only tool results
         value = result.meta[META_TOKENS_KEY]
         assert value["estimator"] == "chars/4" and value["tier"] == "low" and value["tokens"] > 0
-    # tokens: the result as delivered, before the annotation was added
-    unannotated = dict(text.model_dump(**WIRE))
-    del unannotated["_meta"]
-    assert text.meta[META_TOKENS_KEY]["tokens"] == pytest.approx(len(json.dumps(unannotated)) / 4, abs=4)
+    # tokens: the result as delivered (here as the tool returned it, what the server span measured)
+    (srv,) = tool_spans(otel, "text", SpanKind.SERVER)
+    assert text.meta[META_TOKENS_KEY]["tokens"] == srv.attributes["mcp_token.output_tokens"]
     assert meta.meta["com.example/trace"] == "abc-123"  # the server's own keys are kept
     counts = guard_counts(otel)
     assert counts[("server", "annotate_meta", "annotated", "true")] >= 3
@@ -497,7 +502,7 @@ def test_refusal_that_does_not_validate_lets_the_call_through(otel: Otel) -> Non
             Decision(False, {"content": 5, "isError": True}) if method == "tools/call" else Decision(True))
         results = run_calls(make_server(calls), [("text", {"n": 3})] * 2)
         assert recorder.error_counts["guard"] == 4  # two calls, each side
-    assert calls["text"] == 2 and [text_of(r) for r in results] == ["word " * 3] * 2
+    assert calls["text"] == 2 and [text_of(r) for r in results] == [words(3)] * 2
 
 
 # ---------------------------------------------------------------------------------------------- real transports
@@ -515,7 +520,7 @@ def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
     the wire, the cut structuredContent passes the client's own outputSchema validation."""
     guard = {"mode": "enforce", "max_response_tokens": 300, "session_hard_limit": True,
              "tools": {"count": {"mode": "off"}}}  # the tool that reports the counts is never refused
-    params, spans_file = stdio_params(tmp_path, guard, budget={"context_window": 8000})
+    params, spans_file = stdio_params(tmp_path, guard, budget={"context_window": 2000})
     out: dict[str, Any] = {}
 
     async def main() -> None:
@@ -525,7 +530,7 @@ def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
                 listed = await session.list_tools()
                 out["schema"] = next(t.outputSchema for t in listed.tools if t.name == "items")
                 out["items"] = await session.call_tool("items", {"n": 500})
-                out["more"] = [await session.call_tool("text", {"n": 2000}) for _ in range(4)]
+                out["more"] = [await session.call_tool("text", {"n": 2000}) for _ in range(6)]
                 out["count"] = json.loads(text_of(await session.call_tool("count", {})))
 
     anyio.run(main)
@@ -540,7 +545,8 @@ def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
     assert texts[0].content[-1].text.startswith("[mcp-token-otel: response truncated to the limit of 300 tokens.")
     refused = [r for r in texts if r.isError]
     assert refused and text_of(refused[0]).startswith("Token budget spent: this session has used ")
-    assert out["count"] == {"items": 1, "text": 4 - len(refused)}  # refused calls never ran
+    assert not texts[0].isError and all(r.isError for r in texts[len(texts) - len(refused):])
+    assert out["count"] == {"items": 1, "text": 6 - len(refused)}  # refused calls never ran
     spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
     srv = [s for s in spans if s["name"] == "tools/call text"]
     events = [e["attributes"] for s in srv for e in s["events"] if e["name"] == "mcp_token.guard"]

@@ -46,6 +46,11 @@ class JsonLinesExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+def words(n: int) -> str:
+    """n different words: text no padding check flags (no long repeats, no tiny alphabet)."""
+    return " ".join(f"word{i}" for i in range(n))
+
+
 def make_server(calls: Counter[str], host: str = "127.0.0.1", port: int = 8000) -> FastMCP:
     server = FastMCP("guarded", host=host, port=port)
 
@@ -53,7 +58,7 @@ def make_server(calls: Counter[str], host: str = "127.0.0.1", port: int = 8000) 
     def text(n: int) -> str:
         """n words of text."""
         calls["text"] += 1
-        return "word " * n
+        return words(n)
 
     @server.tool()
     def items(n: int, offset: int = 0) -> Page:
