@@ -19,6 +19,7 @@ import mcp.types as types
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.sdk.trace import ReadableSpan
@@ -26,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.core.guard import META_DEPTH_KEY, META_GUARD_KEY, META_TOKENS_KEY
 
-from .conftest import Otel, make_config
+from .conftest import Otel, free_port, make_config
 from .servers.guard_server import make_server as make_guard_server
 from .servers.guard_server import words
 
@@ -505,6 +506,25 @@ def test_refusal_that_does_not_validate_lets_the_call_through(otel: Otel) -> Non
     assert calls["text"] == 2 and [text_of(r) for r in results] == [words(3)] * 2
 
 
+def test_depth_fault_lets_the_call_through(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapter's depth steps failing: nested calls go on without a depth, each fault counted."""
+    from mcp_token_otel.adapters import mcp_v1
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("depth broke")
+
+    monkeypatch.setattr(mcp_v1, "chain_depth", broken)
+    monkeypatch.setattr(mcp_v1, "with_depth", broken)
+    calls: Counter[str] = Counter()
+    with guarded(otel, {"mode": "enforce", "max_chain_depth": 1}) as recorder:
+        (result,) = run_calls(make_server(calls), [("chain", {"levels": 2})])
+        recorder.flush()
+        # Seven inbound requests failed to read their depth (three initialize, one tools/list, three tools/call),
+        # the two nested tools/call to carry one.
+        assert recorder.error_counts["guard"] == fault_count(otel) == 7 + 2
+    assert text_of(result) == "0|0|0" and calls["chain"] == 3
+
+
 # ---------------------------------------------------------------------------------------------- real transports
 
 
@@ -552,3 +572,51 @@ def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
     events = [e["attributes"] for s in srv for e in s["events"] if e["name"] == "mcp_token.guard"]
     assert sum(e["mcp_token.guard.policy"] == "session_limit" for e in events) == len(refused)
     assert all(s["attributes"]["network.transport"] == "pipe" for s in srv)
+
+
+def test_streamable_http_server_side(otel: Otel) -> None:
+    """Stateful streamable HTTP on 127.0.0.1: the server side cuts and refuses (its session is the protocol
+    session, so the rate window is per mcp-session-id); the client side is left alone (guard.sides)."""
+    from .test_v1_transports import serve
+
+    calls: Counter[str] = Counter()
+    port = free_port()
+    results: list[Any] = []
+    guard = {"mode": "enforce", "rate_limit": True, "calls_per_minute": 2, "max_response_tokens": 100,
+             "sides": ["server"]}
+    with guarded(otel, guard) as recorder:
+        app = make_guard_server(calls, port=port).streamable_http_app()
+
+        async def main() -> None:
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    server = await serve(tg, app, port)
+                    try:
+                        async with (
+                            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _),
+                            ClientSession(read, write) as session,
+                        ):
+                            await session.initialize()
+                            await session.list_tools()
+                            for n in (2000, 1, 1):
+                                results.append(await session.call_tool("text", {"n": n}))
+                    finally:
+                        server.should_exit = True
+
+        anyio.run(main)
+        recorder.flush()
+    cut, small, refused = results
+    assert text_of(cut, -1).startswith("[mcp-token-otel: response truncated to the limit of 100 tokens.")
+    assert words(2000).startswith(text_of(cut, 0))
+    assert text_of(small) == words(1) and not small.isError
+    assert refused.isError and text_of(refused) == (
+        "Rate limit reached: this session made 2 tool calls in the last minute (guard.calls_per_minute = 2). "
+        "The call to text was not made. Wait before calling again."
+    )
+    assert calls["text"] == 2
+    srv = tool_spans(otel, "text", SpanKind.SERVER)
+    assert [s.attributes["network.transport"] for s in srv] == ["tcp"] * 3
+    assert [e["mcp_token.guard.policy"] for s in srv for e in guard_events(s)] == ["response_cap", "rate_limit"]
+    assert not [e for s in tool_spans(otel, "text", SpanKind.CLIENT) for e in guard_events(s)]
+    assert guard_counts(otel) == {("server", "response_cap", "truncated", "true"): 1,
+                                  ("server", "rate_limit", "refused", "true"): 1}
