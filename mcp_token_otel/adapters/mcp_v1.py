@@ -435,7 +435,7 @@ class V1Shim:
         except Exception:
             rec._fault("span")
         guarded = rec.guard_active
-        answer = None
+        answer, refusal = None, None
         if guarded:
             if data is not None:
                 request, data, params = self._chain(request, data, method, params)

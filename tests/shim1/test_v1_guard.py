@@ -230,12 +230,16 @@ def test_response_cap_enforce_text(otel: Otel) -> None:
     assert client.attributes["mcp_token.output_tokens"] < srv.attributes["mcp_token.output_tokens"]
 
 
-def test_response_cap_enforce_structured_validates(otel: Otel) -> None:
-    """The cut structuredContent validates against the outputSchema (the 1.x client checks it too)."""
+@pytest.mark.parametrize("sides", [["server"], ["client"]])
+def test_response_cap_enforce_structured_validates(otel: Otel, sides: list[str]) -> None:
+    """The cut structuredContent validates against the outputSchema: the 1.x ClientSession checks it too (after
+    the client side's own cut as well: a cut it rejected would raise in call_tool)."""
     server = make_server(Counter())
     schema = items_schema(server)
-    with guarded(otel, {"mode": "enforce", "max_response_tokens": 200}):
+    with guarded(otel, {"mode": "enforce", "max_response_tokens": 200, "sides": sides}) as recorder:
         (result,) = run_calls(server, [("items", {"n": 300, "offset": 40})])
+        recorder.flush()
+    assert guard_counts(otel) == {(sides[0], "response_cap", "truncated", "true"): 1}
     assert not result.isError
     structured = result.structuredContent
     assert structured is not None
@@ -308,6 +312,29 @@ def test_session_hard_limit_observe(otel: Otel) -> None:
         recorder.flush()
     assert not any(r.isError for r in results) and calls["text"] == 5
     assert guard_counts(otel) == {("server", "session_limit", "refused", "false"): 2}
+
+
+@pytest.mark.parametrize("mode", ["observe", "enforce"])
+def test_session_warning_note(otel: Otel, mode: str) -> None:
+    with guarded(otel, {"mode": mode, "session_warning_note": True, "sides": ["server"]},
+                 budget={"context_window": 10_000, "warning_ratio": 0.75}) as recorder:
+        first, second, third = run_calls(make_server(Counter()), [("text", {"n": 1000})] * 3)
+        recorder.flush()
+    # The recorder hands the guard the budget before the result it guards is added (the cut decides what is
+    # added): ~4,600 tokens after the first result, ~8,600 (past 7,500) after the second, so the third has the note.
+    assert len(first.content) == len(second.content) == 1
+    events = [e for s in tool_spans(otel, "text", SpanKind.SERVER) for e in guard_events(s, "session_warning")]
+    (event,) = events
+    tokens, calls = event["mcp_token.guard.session_tokens"], event["mcp_token.guard.calls"]
+    if mode == "enforce":
+        assert text_of(third, -1) == (
+            f"[mcp-token-otel: this session has used {tokens:,} of its 10,000-token context window "
+            f"({round(tokens / 100)}%) in {calls} calls. Prefer narrow requests, and start a new session before it "
+            "runs out.]"
+        )
+    else:
+        assert len(third.content) == 1
+    assert guard_counts(otel) == {("server", "session_warning", "warned", str(mode == "enforce").lower()): 1}
 
 
 # ---------------------------------------------------------------------------------------------- rate limit
