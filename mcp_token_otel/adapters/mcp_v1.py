@@ -774,6 +774,9 @@ class V1Shim:
     def _measure_response(self, state: _InboundState, response: Any) -> Any:
         """Record the response; returns what to send (the guard's result, re-validated, when it changed)."""
         rec = self.recorder
+        if state.refusal is not None:  # never reached Server._handle_request: the handler ran after all
+            state.refusal = None
+            rec._fault("guard")
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
             rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key,

@@ -22,6 +22,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
+from mcp.shared.session import RequestResponder
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
@@ -550,6 +551,49 @@ def test_depth_fault_lets_the_call_through(otel: Otel, monkeypatch: pytest.Monke
         # the two nested tools/call to carry one.
         assert recorder.error_counts["guard"] == fault_count(otel) == 7 + 2
     assert text_of(result) == "0|0|0" and calls["chain"] == 3
+
+
+def test_refusal_without_lowlevel_server_is_a_counted_fault(otel: Otel) -> None:
+    """Code that serves ServerSession.incoming_messages itself: the guard cannot stop its handler, says so."""
+    from mcp.server.models import InitializationOptions
+    from mcp.server.session import ServerSession
+    from mcp.shared.memory import create_client_server_memory_streams
+
+    ran: list[str] = []
+
+    async def serve(streams: Any) -> None:
+        options = InitializationOptions(server_name="raw", server_version="1",
+                                        capabilities=types.ServerCapabilities(tools=types.ToolsCapability()))
+        async with ServerSession(*streams, options) as session:
+            async for message in session.incoming_messages:
+                if isinstance(message, RequestResponder):
+                    with message:
+                        method = message.request.root.method
+                        ran.append(method)
+                        if method == "tools/list":  # the 1.x client lists tools to check a result's schema
+                            answer: Any = types.ListToolsResult(tools=[types.Tool(name="t", inputSchema={})])
+                        else:
+                            answer = types.CallToolResult(content=[types.TextContent(type="text", text="ran")])
+                        await message.respond(types.ServerResult(answer))
+
+    results: list[Any] = []
+
+    async def main() -> None:
+        with anyio.fail_after(30):
+            async with (
+                create_client_server_memory_streams() as (client_streams, server_streams),
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(serve, server_streams)
+                async with ClientSession(*client_streams) as client:
+                    await client.initialize()
+                    results.extend([await client.call_tool("t", {}) for _ in range(2)])
+                tg.cancel_scope.cancel()
+
+    with guarded(otel, {"mode": "enforce", "rate_limit": True, "calls_per_minute": 1, "sides": ["server"]}) as rec:
+        anyio.run(main)
+        assert rec.error_counts["guard"] == 1
+    assert ran.count("tools/call") == 2 and [text_of(r) for r in results] == ["ran", "ran"]
 
 
 # ---------------------------------------------------------------------------------------------- real transports
