@@ -10,6 +10,7 @@ turning a guard on) both calls return at once.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,8 @@ ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 _MAX_CACHED = 4096
+#: A notice block a guard added upstream (the server's shim, then the client's): one short line in brackets.
+_NOTICE = re.compile(r"\[mcp-token-otel(?: security notice)?: [^\n]{1,1500}\]")
 
 
 class BudgetView(Protocol):
@@ -270,9 +273,11 @@ class GuardEngine:
         if method == "tools/call" and tp.max_response_tokens:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
-            # A result a guard upstream (the peer's shim) already cut carries its notice: not cut again for it.
-            if (m.data_tokens > tp.max_response_tokens
-                    and m.data_tokens - _own_notice_tokens(result, self.policy) > tp.max_response_tokens):
+            data = m.data_tokens
+            content = result.get("content")
+            if data > tp.max_response_tokens and isinstance(content, list) and content and _is_notice(content[-1]):
+                data -= self.policy.estimator(content[-1]["text"])  # cut upstream already: never cut twice
+            if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
                     info = self.tool_info(tool)
@@ -363,9 +368,11 @@ class GuardEngine:
         if tp.padding_action == "strip" and any(f.check == "invisible_chars" for f in findings):
             new, stripped = _strip(new)
             numbers["stripped"] = stripped
-        noticed = method == "tools/call" and isinstance(new.get("content"), list)
-        upstream = noticed and _first_text(new).startswith(_PADDING_NOTICE)  # a guard upstream already warned
-        if noticed and not upstream:  # first, so the model reads the warning before the content
+        content = new.get("content")
+        noticed = method == "tools/call" and isinstance(content, list)
+        if noticed and content and _is_notice(content[0]):  # a guard upstream warned already: one notice
+            noticed = False
+        if noticed:  # first, so the model reads the warning before the content
             notice = {"type": "text", "text": notices.padding(findings, stripped)}
             new = {**new, "content": [notice, *new["content"]]}
         actions.append(GuardAction(PADDING, "stripped" if stripped else "found", tool, noticed or stripped > 0,
@@ -373,24 +380,10 @@ class GuardEngine:
         return new
 
 
-_NOTICE = "[" + notices.PREFIX
-_PADDING_NOTICE = _NOTICE + " security notice:"
-
-
-def _first_text(result: Mapping[str, Any]) -> str:
-    content = result.get("content")
-    first = content[0] if isinstance(content, list) and content else None
-    text = first.get("text") if isinstance(first, Mapping) else None
-    return text if isinstance(text, str) else ""
-
-
-def _own_notice_tokens(result: Mapping[str, Any], policy: Policy) -> int:
-    """Tokens of the notice blocks the guards put in a result (a peer's shim cut it already)."""
-    content = result.get("content")
-    if not isinstance(content, list):
-        return 0
-    return sum(policy.estimator(b["text"]) for b in content
-               if isinstance(b, Mapping) and isinstance(b.get("text"), str) and b["text"].startswith(_NOTICE))
+def _is_notice(block: Any) -> bool:
+    """A text block that is one of the guards' own notices (as a guard upstream appends or prepends it)."""
+    text = block.get("text") if isinstance(block, Mapping) else None
+    return isinstance(text, str) and text.startswith("[mcp-token-otel") and _NOTICE.fullmatch(text) is not None
 
 
 def _texts(result: Mapping[str, Any]) -> list[str]:
