@@ -1,5 +1,5 @@
 """A result a guard already handled (the peer's shim, in process or across a pipe) is not handled twice: its cut is
-not cut again for the notice it carries, and its padding notice is not repeated."""
+not cut again for the notices it carries, and its padding notice is not repeated."""
 
 from __future__ import annotations
 
@@ -42,4 +42,14 @@ def test_padding_notice_is_not_repeated() -> None:
     assert noticed["content"][0]["text"].startswith("[mcp-token-otel security notice:")
     again = client.on_result("tools/call", noticed, tool="t")
     assert again.result is noticed
-    assert [(a.policy, a.action, a.enforced) for a in again.actions] == [("padding", "found", True)]
+    assert [(a.policy, a.action) for a in again.actions] == [("padding", "found")]
+
+
+def test_padded_and_cut_result_is_not_cut_again() -> None:
+    """A cut result that also got a padding notice (first block) and a truncation notice (last block)."""
+    server, client = engine(max_response_tokens=50), engine(max_response_tokens=50)
+    original = text_result("\u200b" * 10 + " ".join(f"word{i}" for i in range(400)))
+    cut = server.on_result("tools/call", original, tool="t").result
+    assert len(cut["content"]) == 3
+    again = client.on_result("tools/call", cut, tool="t")
+    assert again.result is cut

@@ -53,6 +53,11 @@ def make_server(calls: Counter[str]) -> FastMCP:
         return PADDED
 
     @server.tool()
+    def padded_long(n: int) -> str:
+        calls["padded_long"] += 1
+        return ZW * 10 + words(n)
+
+    @server.tool()
     def meta() -> types.CallToolResult:
         calls["meta"] += 1
         return types.CallToolResult(content=[types.TextContent(type="text", text="with meta")],
@@ -229,6 +234,21 @@ def test_response_cap_enforce_text(otel: Otel) -> None:
     assert guard_events(client, "response_cap") == []
     assert guard_counts(otel) == {("server", "response_cap", "truncated", "true"): 1}
     assert client.attributes["mcp_token.output_tokens"] < srv.attributes["mcp_token.output_tokens"]
+
+
+def test_padded_and_cut_once(otel: Otel) -> None:
+    """Both sides guard: the server's cut (padding notice first, truncation notice last) reaches the client as
+    it is; the client neither cuts it again nor adds a second padding notice."""
+    with guarded(otel, {"mode": "enforce", "max_response_tokens": 50}) as recorder:
+        (result,) = run_calls(make_server(Counter()), [("padded_long", {"n": 2000})])
+        recorder.flush()
+    assert len(result.content) == 3
+    assert text_of(result, 0).startswith("[mcp-token-otel security notice:")
+    assert (ZW * 10 + words(2000)).startswith(text_of(result, 1))
+    assert text_of(result, 2).startswith("[mcp-token-otel: response truncated to the limit of 50 tokens.")
+    counts = guard_counts(otel)
+    assert counts[("server", "response_cap", "truncated", "true")] == 1
+    assert ("client", "response_cap", "truncated", "true") not in counts
 
 
 @pytest.mark.parametrize("sides", [["server"], ["client"]])

@@ -275,8 +275,10 @@ class GuardEngine:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
             data = m.data_tokens
             content = result.get("content")
-            if data > tp.max_response_tokens and isinstance(content, list) and content and _is_notice(content[-1]):
-                data -= self.policy.estimator(content[-1]["text"])  # cut upstream already: never cut twice
+            if data > tp.max_response_tokens and isinstance(content, list) and content:
+                # Cut upstream already (its truncation notice last, a padding notice first): never cut twice.
+                ends = content[:1] if len(content) == 1 else (content[0], content[-1])
+                data -= sum(self.policy.estimator(b["text"]) for b in ends if _is_notice(b))
             if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
