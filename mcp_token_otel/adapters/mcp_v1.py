@@ -10,6 +10,14 @@ events as the 2.x adapter:
 - Notifications: outbound ones (``send_notification``) and client-side inbound ones are measured without a
   span; server-side inbound ones get a SERVER span, as in 2.x. None of them count toward a budget.
 
+Guards (docs/guardrails.md; only when ``recorder.guard_active``): the request-side decision is taken where the
+request is sent (``send_request``) or entered (``RequestResponder.__enter__``, before it is recorded); a refused
+``tools/call`` is answered with the refusal instead of being sent, or (server side) instead of running the
+handler (``Server._handle_request``). Results go through ``record_guarded_output`` where they are measured and
+are validated back into their model type only when the guard changed them. The server side keeps an incoming
+request's chain depth in a context variable while its handler runs; the ``tools/call`` and
+``sampling/createMessage`` requests sent meanwhile carry depth + 1.
+
 Sessions: a ``_SessionInfo`` per session object (``BaseSession.__init__`` is wrapped), holding the budget
 key, the transport and the negotiated protocol version. The budget ends when the session's
 ``async with`` exits (``BaseSession.__aexit__``), never on garbage collection.
@@ -30,21 +38,25 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp.client.stdio as client_stdio
 import mcp.server.stdio as server_stdio
 import mcp.shared.memory as shared_memory
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import StreamableHTTPTransport
+from mcp.server.lowlevel.server import Server as LowLevelServer
 from mcp.server.session import ServerSession
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.shared.exceptions import McpError
 from mcp.shared.session import BaseSession, RequestResponder
-from mcp.types import ErrorData
+from mcp.types import CallToolResult, ErrorData, ServerResult
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
+from pydantic import BaseModel, RootModel
 
+from ..core.guard import chain_depth, with_depth
 from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
@@ -65,6 +77,10 @@ _SERVER_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.
 )
 #: Inside ``create_client_server_memory_streams``: the sessions built there talk to a peer in this process.
 _IN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("mcp_token_v1_in_process", default=False)
+#: The chain depth of the inbound request whose handler runs in this context (guards on); None: not in a handler.
+_DEPTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("mcp_token_v1_chain_depth", default=None)
+#: Requests a handler sends that continue its chain: they carry the handler's depth + 1.
+_CHAINED = frozenset({"tools/call", "sampling/createMessage"})
 #: Trace-context keys the shim writes into ``_meta``.
 _TRACE_KEYS = ("traceparent", "tracestate", "baggage")
 
@@ -130,6 +146,10 @@ class _InboundState:
     responded: bool = False
     started: float | None = None  # time.perf_counter() when the request came in (operation duration)
     server: str | None = None  # the server's own name (server side)
+    arguments: Any = None  # a tools/call's arguments (the cap's pagination hint reads them); guards on only
+    refusal: Any = None  # the ServerResult a guard answers with instead of running the handler
+    refused: bool = False  # the response is the guard's own refusal: recorded as it is, not guarded
+    depth_token: Any = None  # resets _DEPTH when the handler is done
 
 
 def _request_http_attributes(responder: Any) -> dict[str, Any] | None:
@@ -223,6 +243,7 @@ class V1Shim:
         self._patch(RequestResponder, "__enter__", self._wrap_enter(RequestResponder.__enter__))
         self._patch(RequestResponder, "__exit__", self._wrap_exit(RequestResponder.__exit__))
         self._patch(RequestResponder, "respond", self._wrap_respond(RequestResponder.respond))
+        self._patch(LowLevelServer, "_handle_request", self._wrap_handle_request(LowLevelServer._handle_request))
         self._install_transport_hooks()
         self.active = True
 
@@ -390,6 +411,7 @@ class V1Shim:
         rec = self.recorder
         side, key = info.side, info.key
         method, params = "unknown", None
+        data: dict[str, Any] | None = None
         span, own, token = None, None, None
         try:
             data = wire_dict(request)
@@ -410,15 +432,31 @@ class V1Shim:
                 own = span = rec.start_span(span_name(method, params), SpanKind.CLIENT, attrs)
                 if own is not None:
                     token = otel_context.attach(trace.set_span_in_context(own))
-            request = self._inject(request, data, info)
         except Exception:
             rec._fault("span")
+        guarded = rec.guard_active
+        answer, refusal = None, None
+        if guarded:
+            if data is not None:
+                request, data, params = self._chain(request, data, method, params)
+            # The budget as it stands: before this request is recorded.
+            refusal = rec.guard_request(span, side, method, params, key)
+            if refusal is not None:
+                answer = self._refusal(result_type, refusal)
+        if data is not None and answer is None:
+            try:
+                request = self._inject(request, data, info)
+            except Exception:
+                rec._fault("span")
         # HTTP: server.address/port and network.protocol.name from the transport's URL (with the estimate).
         http = http_attributes(getattr(info.http, "url", None)) if info.http is not None else None
         rec.record_input(span, side, method, params, key, attributes=http)
         tool = called_tool(method, params)
         started = time.perf_counter()
         try:
+            if answer is not None:  # refused by a guard: the request is not sent, the refusal is its result
+                rec.record_output(span, side, method, tool, result=refusal, session_id=key, started=started)
+                return answer
             try:
                 result = await original(session, request, result_type, *args, **kwargs)
             except McpError as exc:
@@ -429,7 +467,14 @@ class V1Shim:
                     rec.record_exception(own, exc)
                 raise
             wire = self._result_dict(result)
-            rec.record_output(span, side, method, tool, result=wire, session_id=key, started=started)
+            if guarded and isinstance(wire, Mapping):
+                arguments = params.get("arguments") if tool is not None and isinstance(params, Mapping) else None
+                _, delivered = rec.record_guarded_output(span, side, method, tool, wire, key, arguments=arguments,
+                                                         started=started)
+                if delivered is not wire:
+                    result = self._revalidate(result, delivered)
+            else:
+                rec.record_output(span, side, method, tool, result=wire, session_id=key, started=started)
             if method == "initialize" and isinstance(wire, Mapping):
                 version = wire.get("protocolVersion")
                 if isinstance(version, str):
@@ -437,6 +482,27 @@ class V1Shim:
             return result
         finally:
             self._finish_client_span(info, span, token, own)
+
+    def _chain(self, request: Any, data: dict[str, Any], method: str, params: Any) -> tuple[Any, dict[str, Any], Any]:
+        """Sent from a handler (guards on): a tools/call or sampling request carries the handler's depth + 1."""
+        depth = _DEPTH.get()
+        if depth is None or method not in _CHAINED:
+            return request, data, params
+        try:
+            chained = with_depth(params if isinstance(params, Mapping) else None, depth + 1)
+            out = {**data, "params": chained}
+            return type(request).model_validate(out), out, chained
+        except Exception:
+            self.recorder._fault("guard")
+            return request, data, params
+
+    def _refusal(self, result_type: Any, refusal: dict[str, Any]) -> Any:
+        """The guard's refusal as the result type the caller awaits; None (the call goes on) when that fails."""
+        try:
+            return result_type.model_validate(refusal)
+        except Exception:
+            self.recorder._fault("guard")
+            return None
 
     def _result_dict(self, result: Any) -> Any:
         try:
@@ -650,8 +716,47 @@ class V1Shim:
             detach(token)
             rec.end_span(span)
             return
+        if rec.guard_active:
+            self._guard_inbound(state, params)  # the budget as it stands: before the request is recorded
         http = _request_http_attributes(responder) if side == "server" else None
         rec.record_input(span, side, method, params, key, attributes=http, server=server)
+
+    def _guard_inbound(self, state: _InboundState, params: Any) -> None:
+        """Keep the request's chain depth for the requests its handler sends, and take the guard's decision:
+        a refusal is kept for ``Server._handle_request`` to answer with (the handler does not run)."""
+        rec = self.recorder
+        try:
+            state.depth_token = _DEPTH.set(chain_depth(params))
+            if state.tool is not None and isinstance(params, Mapping):
+                state.arguments = params.get("arguments")
+        except Exception:
+            rec._fault("guard")
+        refusal = rec.guard_request(state.span, state.side, state.method, params, state.key, server=state.server)
+        if refusal is not None and state.side == "server":
+            try:
+                state.refusal = ServerResult(CallToolResult.model_validate(refusal))
+            except Exception:
+                rec._fault("guard")  # the call goes on as if allowed
+
+    def _wrap_handle_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        shim = self
+
+        @functools.wraps(original)
+        async def patched_handle_request(server: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
+            state = getattr(message, _MARK, None)
+            refusal = state.refusal if shim.active and isinstance(state, _InboundState) else None
+            if refusal is None:
+                return await original(server, message, *args, **kwargs)
+            # A guard refused this tools/call: answer with its tool error result; the handler never runs.
+            state.refusal = None
+            state.refused = True
+            try:
+                await message.respond(refusal)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                logger.debug("mcp_token_otel: refusal for %s dropped - transport closed", message.request_id)
+            return None
+
+        return patched_handle_request
 
     def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -661,26 +766,52 @@ class V1Shim:
             state = getattr(responder, _MARK, None)
             if shim.active and isinstance(state, _InboundState) and not state.responded:
                 state.responded = True
-                shim._measure_response(state, response)
+                response = shim._measure_response(state, response)
             return await original(responder, response)
 
         return patched_respond
 
-    def _measure_response(self, state: _InboundState, response: Any) -> None:
+    def _measure_response(self, state: _InboundState, response: Any) -> Any:
+        """Record the response; returns what to send (the guard's result, re-validated, when it changed)."""
         rec = self.recorder
+        if state.refusal is not None:  # never reached Server._handle_request: the handler ran after all
+            state.refusal = None
+            rec._fault("guard")
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
             rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key,
                               started=state.started, server=state.server)
-            return
+            return response
         result = self._result_dict(response)
-        rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key,
-                          started=state.started, server=state.server)
+        if state.refused or not rec.guard_active:
+            rec.record_output(state.span, state.side, state.method, state.tool, result=result, session_id=state.key,
+                              started=state.started, server=state.server)
+        else:
+            _, delivered = rec.record_guarded_output(
+                state.span, state.side, state.method, state.tool, result, state.key, arguments=state.arguments,
+                started=state.started, server=state.server,
+            )
+            if delivered is not result:
+                response = self._revalidate(response, delivered)
         if state.method == "initialize" and state.side == "server" and isinstance(result, Mapping):
             version = result.get("protocolVersion")
             if isinstance(version, str) and state.info is not None:
                 state.info.protocol_version = version  # negotiated: may differ from the client's request
                 rec.set_attributes(state.span, {A_PROTOCOL: version})
+        return response
+
+    def _revalidate(self, original: Any, delivered: Any) -> Any:
+        """``delivered`` (the guard's changed wire dict) as the model type of ``original``; ``original`` itself
+        when that fails (counted: the call goes on with what the server or the peer sent)."""
+        try:
+            root = getattr(original, "root", None)
+            if isinstance(original, RootModel) and isinstance(root, BaseModel):
+                # ServerResult/ClientResult are unions: validate into the member the result already is.
+                return type(original)(type(root).model_validate(delivered))
+            return type(original).model_validate(delivered)
+        except Exception:
+            self.recorder._fault("guard")
+            return original
 
     def _wrap_exit(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -698,6 +829,10 @@ class V1Shim:
 
     def _close_inbound(self, responder: Any, state: _InboundState, exc: BaseException | None) -> None:
         rec = self.recorder
+        if state.depth_token is not None:
+            with contextlib.suppress(Exception):
+                _DEPTH.reset(state.depth_token)
+            state.depth_token = None
         if isinstance(exc, Exception) and not state.responded:
             rec.record_exception(state.span, exc)
         detach(state.token)

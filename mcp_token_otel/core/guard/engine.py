@@ -274,8 +274,13 @@ class GuardEngine:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
             data = m.data_tokens
-            if data > tp.max_response_tokens:  # cut upstream already (its notices end it): never cut twice
-                data -= sum(self.policy.estimator(b["text"]) for b in _trailing_notices(result.get("content")))
+            content = result.get("content")
+            if data > tp.max_response_tokens and isinstance(content, list) and content:
+                # Cut upstream already (its notices end it, a padding notice leads it): never cut twice.
+                found = _trailing_notices(content)
+                if len(found) < len(content) and _is_notice(content[0]):
+                    found.append(content[0])
+                data -= sum(self.policy.estimator(b["text"]) for b in found)
             if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
