@@ -70,6 +70,7 @@ class Pending:
     method: str
     tool: str | None
     started: int | None = None  # time_ns() the request went through (the operation duration's start)
+    arguments: Any = None  # guard mode: the call's arguments (the cap's pagination hint needs them)
 
 
 class MessageStream:
@@ -162,6 +163,12 @@ class MessageStream:
             self._data.append(value[1:] if value.startswith(b" ") else value)
 
 
+def dumps(message: Any) -> bytes:
+    """A message the proxy writes itself (a refusal, a guarded result): compact JSON, UTF-8. Raises ValueError
+    for what JSON cannot carry (NaN, a lone surrogate): the caller forwards the original bytes."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _id_key(value: Any) -> tuple[str, Any] | None:
     # 1 and "1" are different ids; anything unhashable is not a valid id.
     if isinstance(value, bool) or (not isinstance(value, (str, int, float)) and value is not None):
@@ -181,6 +188,7 @@ class Tracker:
         session_id: str | None = None,
         transport: str,
         attributes: Mapping[str, Any] | None = None,
+        guard: bool = False,
     ) -> None:
         self.recorder = recorder
         self.stats = stats
@@ -193,6 +201,8 @@ class Tracker:
         #: Requests the relay injected a context into (--inject-trace-context): id -> (trace id, span id).
         self.injected: dict[tuple[str, Any], tuple[int, int]] = {}
         self.closed = False
+        #: Guard mode (guards on, side "proxy"): messages are handled on the relay path by :meth:`guarded`.
+        self.guard = guard
 
     # Everything below runs on the measuring thread only.
 
@@ -203,12 +213,20 @@ class Tracker:
             self.stats.count(direction, "invalid")
             return
         if isinstance(message, list):  # a batch: each element is its own message
-            if not message:
-                self.stats.count(direction, "invalid")
-            for item in message:
-                self._one(direction, item, now)
+            self._batch(direction, message, now)
         else:
             self._one(direction, message, now)
+
+    def _batch(self, direction: str, message: Any, now: int) -> None:
+        if not isinstance(message, list) or not message:
+            self.stats.count(direction, "invalid")
+            return
+        guard, self.guard = self.guard, False  # a batch's elements are measured, not guarded
+        try:
+            for item in message:
+                self._one(direction, item, now)
+        finally:
+            self.guard = guard
 
     def _one(self, direction: str, message: Any, now: int) -> None:
         if not isinstance(message, dict):
@@ -227,11 +245,13 @@ class Tracker:
             return
         self.stats.count(direction, "invalid")
 
-    def _request(self, direction: str, method: str, message: dict[str, Any], now: int) -> None:
+    def _request(self, direction: str, method: str, message: dict[str, Any], now: int) -> dict[str, Any] | None:
+        """Open the request's span and pair it; in guard mode, a client's request may be refused: the refusal
+        (a CallToolResult wire dict the proxy answers with) is returned and the request is not paired."""
         key = _id_key(message.get("id"))
         if key is None:
             self.stats.count(direction, "invalid")
-            return
+            return None
         self.stats.count(direction, "request")
         params = message.get("params")
         attrs = call_attributes(
@@ -241,7 +261,17 @@ class Tracker:
         attrs.update(self.attributes)
         forced = self.injected.pop(key, None) if direction == C2S and self.injected else None
         span = self._start_span(method, params, direction, attrs, now, forced)
-        self.recorder.record_input(span, "proxy", method, params, self.session_key)
+        rec = self.recorder
+        # Before the request is recorded: the session limit reads the budget as it stood before this call.
+        refusal = rec.guard_request(span, "proxy", method, params, self.session_key) \
+            if self.guard and direction == C2S else None
+        rec.record_input(span, "proxy", method, params, self.session_key)
+        tool = called_tool(method, params)
+        if refusal is not None:  # answered by the proxy: the refusal is the call's output
+            rec.record_output(span, "proxy", method, tool, result=refusal, session_id=self.session_key,
+                              duration_s=0.0)
+            self._end_span(span, now)
+            return refusal
         pending_key = (direction, key)
         old = self.pending.pop(pending_key, None)
         if old is not None:  # the same id reused before its answer: the first can no longer be paired
@@ -249,32 +279,74 @@ class Tracker:
         elif len(self.pending) >= MAX_PENDING:
             oldest = next(iter(self.pending))
             self._abandon(self.pending.pop(oldest), now, "evicted")
-        self.pending[pending_key] = Pending(span, method, called_tool(method, params), now)
+        arguments = params.get("arguments") if self.guard and tool is not None and isinstance(params, Mapping) \
+            else None
+        self.pending[pending_key] = Pending(span, method, tool, now, arguments)
+        return None
 
-    def _response(self, direction: str, message: dict[str, Any], now: int) -> None:
+    def _response(self, direction: str, message: dict[str, Any], now: int) -> Any:
+        """Pair a response with its request and record it. In guard mode a result going to the client goes
+        through the guards: the result to deliver instead is returned (None: deliver the message as it is)."""
         key = _id_key(message.get("id"))
         request_direction = S2C if direction == C2S else C2S
         pending = self.pending.pop((request_direction, key), None) if key is not None else None
         if pending is None:
             self.stats.count(direction, "unmatched")
-            return
+            return None
         self.stats.count(direction, "response")
         rec = self.recorder
         error = message.get("error")
         duration = max(0, now - pending.started) / 1e9 if pending.started is not None else None
+        changed: Any = None
         if error is not None:
             rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
                               session_id=self.session_key, duration_s=duration)
         else:
             result = message.get("result")
-            rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
-                              session_id=self.session_key, duration_s=duration)
+            if self.guard and direction == S2C:
+                _, deliver = rec.record_guarded_output(
+                    pending.span, "proxy", pending.method, pending.tool, result, self.session_key,
+                    arguments=pending.arguments, duration_s=duration)
+                if deliver is not result:
+                    changed = deliver
+            else:
+                rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
+                                  session_id=self.session_key, duration_s=duration)
             if pending.method == "initialize" and isinstance(result, Mapping):
                 version = result.get("protocolVersion")
                 if isinstance(version, str):
                     self.protocol_version = version
                     rec.set_attributes(pending.span, {A_PROTOCOL: version})
         self._end_span(pending.span, now)
+        return changed
+
+    def guarded(self, direction: str, raw: bytes, now: int) -> tuple[bytes | None, bytes | None]:
+        """Guard mode, on the relay path: one whole message, before it is forwarded. Returns (what to forward,
+        None: nothing; what to answer its sender with, None: nothing). ``raw`` itself when unchanged.
+
+        A client's ``tools/call`` may be refused (answered here, not forwarded); a result the server sends
+        may come back changed (re-serialised, compact). Batches are measured, not guarded."""
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):
+            self.stats.count(direction, "invalid")
+            return raw, None
+        if not isinstance(message, dict):
+            self._batch(direction, message, now)
+            return raw, None
+        method = message.get("method")
+        if isinstance(method, str) and "id" in message:
+            refusal = self._request(direction, method, message, now)
+            if refusal is None:
+                return raw, None
+            return None, dumps({"jsonrpc": message.get("jsonrpc", "2.0"), "id": message["id"], "result": refusal})
+        if "id" in message and ("result" in message or "error" in message):
+            changed = self._response(direction, message, now)
+            if changed is None:
+                return raw, None
+            return dumps({**message, "result": changed}), None
+        self._one(direction, message, now)
+        return raw, None
 
     def close(self, now: int) -> None:
         """The session is over: requests never answered end with an error; the budget closes."""
