@@ -285,8 +285,8 @@ class Tracker:
         return None
 
     def _response(self, direction: str, message: dict[str, Any], now: int) -> Any:
-        """Pair a response with its request and record it. In guard mode a result going to the client goes
-        through the guards: the result to deliver instead is returned (None: deliver the message as it is)."""
+        """Pair a response with its request and record it. In guard mode a result goes through the guards
+        (tools/list teaches them the tools): the result to deliver instead is returned (None: as it is)."""
         key = _id_key(message.get("id"))
         request_direction = S2C if direction == C2S else C2S
         pending = self.pending.pop((request_direction, key), None) if key is not None else None
@@ -303,7 +303,7 @@ class Tracker:
                               session_id=self.session_key, duration_s=duration)
         else:
             result = message.get("result")
-            if self.guard and direction == S2C:
+            if self.guard:  # every result a guard may change: what the counters say is what is delivered
                 _, deliver = rec.record_guarded_output(
                     pending.span, "proxy", pending.method, pending.tool, result, self.session_key,
                     arguments=pending.arguments, duration_s=duration)
@@ -324,8 +324,8 @@ class Tracker:
         """Guard mode, on the relay path: one whole message, before it is forwarded. Returns (what to forward,
         None: nothing; what to answer its sender with, None: nothing). ``raw`` itself when unchanged.
 
-        A client's ``tools/call`` may be refused (answered here, not forwarded); a result the server sends
-        may come back changed (re-serialised, compact). Batches are measured, not guarded."""
+        A client's ``tools/call`` may be refused (answered here, not forwarded); a result may come back
+        changed (re-serialised, compact). Batches are measured, not guarded."""
         try:
             message = json.loads(raw)
         except (ValueError, RecursionError):
