@@ -103,8 +103,9 @@ def _guard_count(text: str, **labels: str) -> float:
 
 
 def _scrape_when(port: int, name: str = "mcp_token_guard_actions_total", **labels: str) -> str:
-    """A scrape once ``name`` with these labels (and side="proxy") has counted something."""
-    labels.setdefault("side", "proxy")
+    """A scrape once ``name`` with these labels (guard actions: and side="proxy") has counted something."""
+    if name == "mcp_token_guard_actions_total":
+        labels.setdefault("side", "proxy")
     def ready() -> str | None:
         text = scrape(port)
         return text if sample(text, name, **labels) else None

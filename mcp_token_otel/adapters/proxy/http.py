@@ -272,7 +272,7 @@ class Relay:
         self.idle: set[asyncio.Task[Any] | None] = set()
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
         #: Guards on (guard.py): request bodies that may be refused and response bodies are guarded on the path.
-        self.guard = getattr(telemetry.measurer, "guarded", False)
+        self.guard = getattr(telemetry.measurer, "guarded", False) is True
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
 

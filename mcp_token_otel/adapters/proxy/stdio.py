@@ -90,7 +90,7 @@ class StdioProxy:
         up = measurer.stream(tracker, C2S, LINES)
         down = measurer.stream(tracker, S2C, LINES)
         child_in, child_out = proc.stdin.fileno(), proc.stdout.fileno()
-        if getattr(measurer, "guarded", False):  # guards on: whole lines, guarded before they go on
+        if getattr(measurer, "guarded", False) is True:  # guards on: whole lines, guarded before they go on
             from .guard import LineGuard
 
             injector = Injector(measurer)
