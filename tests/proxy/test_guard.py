@@ -32,7 +32,7 @@ from mcp_token_otel.core.guard import META_DEPTH_KEY, META_TOKENS_KEY
 from mcp_token_otel.core.measure import measure_result
 from mcp_token_otel.recorder import TokenRecorder
 
-from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
+from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
 from .servers.guard_server import line, make_server
 from .test_http import _serve, http_proxy
 
@@ -62,15 +62,15 @@ def _served(log: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _upstream(transport: str, log: Path, env: dict[str, str],
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any, int]]:
+def _upstream(transport: str, log: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+              otlp_port: int | None = None) -> Iterator[tuple[Any, Any, int]]:
     """(client target through the proxy, client target direct, the proxy's metrics port)."""
     if transport == "stdio":
         metrics_port = free_port()
         command = [sys.executable, str(GUARD_SERVER), str(log)]
         proxied = StdioServerParameters(command=sys.executable,
                                         args=stdio_proxy_args(command, name="guarded", metrics_port=metrics_port),
-                                        env={**proxy_env(), **env})
+                                        env={**proxy_env(otlp_port), **env})
         yield proxied, StdioServerParameters(command=command[0], args=command[1:]), metrics_port
         return
     for key, value in env.items():  # http_proxy passes the test's environment on
@@ -78,7 +78,7 @@ def _upstream(transport: str, log: Path, env: dict[str, str],
     app = make_server(str(log)).streamable_http_app(json_response=transport == "http-json")
     with _serve(app) as port:
         upstream = f"http://127.0.0.1:{port}/mcp"
-        with http_proxy(upstream, "--name", "guarded") as (base, metrics_port):
+        with http_proxy(upstream, "--name", "guarded", otlp_port=otlp_port) as (base, metrics_port):
             yield base + "/mcp", upstream, metrics_port
 
 
@@ -139,11 +139,12 @@ def test_observe_counts_and_changes_nothing(transport: str, tmp_path: Path, monk
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_enforce_cuts_notices_annotates_and_refuses(transport: str, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                   monkeypatch: pytest.MonkeyPatch, receiver: Receiver) -> None:
     env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": str(CAP),
-           "MCP_TOKEN_OTEL_GUARD_MAX_CHAIN_DEPTH": "1", "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "true"}
+           "MCP_TOKEN_OTEL_GUARD_MAX_CHAIN_DEPTH": "1", "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "true",
+           "MCP_TOKEN_OTEL_GUARD_MODEL": "claude-sonnet-5-5"}
     log = tmp_path / "served.jsonl"
-    with _upstream(transport, log, env, monkeypatch) as (proxied, _direct, mport):
+    with _upstream(transport, log, env, monkeypatch, receiver.port) as (proxied, _direct, mport):
         out = anyio.run(partial(_session, proxied, mport, policy="chain_depth", enforced="true"))
         text = out.pop("metrics")
 
@@ -181,6 +182,32 @@ def test_enforce_cuts_notices_annotates_and_refuses(transport: str, tmp_path: Pa
                            ("annotate_meta", "annotated")]:
         assert _guard_count(text, policy=policy, action=action, enforced="true") >= 1, policy
     assert sample(text, "mcp_token_instrumentation_errors_total", stage="guard") == 0
+    # Cost: what entered the context (the cut result) at claude-sonnet-5-5's 2 USD per million tokens.
+    cost = sample(text, "mcp_token_cost_usd_total", side="proxy", tool="read_lines")
+    assert cost == pytest.approx(2 * annotation["tokens"] / 1e6)
+
+    # Spans: one mcp_token.guard event per action, the cost; the refused call is a tool error.
+    def spans() -> dict[str, Any] | None:
+        found = {span.name: (span, attrs) for _, span, attrs in receiver.spans()}
+        return found if {"tools/call read_lines", "tools/call small"} <= set(found) else None
+
+    found = wait_for(spans, what="the proxy's spans")
+    read_span, read_attrs = found["tools/call read_lines"]
+    events = {(a["mcp_token.guard.policy"], a["mcp_token.guard.action"], a["mcp_token.guard.enforced"])
+              for a in (_event_attrs(e) for e in read_span.events if e.name == "mcp_token.guard")}
+    assert {("response_cap", "truncated", True), ("annotate_meta", "annotated", True)} <= events
+    assert read_attrs["mcp_token.cost_usd"] == pytest.approx(cost)
+    deep = [attrs for _, span, attrs in receiver.spans() if span.name == "tools/call small"
+            and any(_event_attrs(e).get("mcp_token.guard.policy") == "chain_depth" for e in span.events)]
+    assert len(deep) == 1 and deep[0]["error.type"] == "tool_error"
+
+
+def _event_attrs(event: Any) -> dict[str, Any]:
+    out = {}
+    for kv in event.attributes:
+        kind = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, kind) if kind else None
+    return out
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http-sse"])
