@@ -34,7 +34,9 @@ from mcp_token_otel.recorder import TokenRecorder
 
 from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
 from .servers.guard_server import line, make_server
-from .test_http import _serve, http_proxy
+from .test_http import _everything_session, _serve, everything_http, http_proxy
+
+__all__ = ["everything_http"]  # the module-scoped fixture (server-everything over streamable HTTP)
 
 GUARD_SERVER = Path(__file__).parent / "servers" / "guard_server.py"
 RAW_CHILD = Path(__file__).parent / "servers" / "raw_child.py"
@@ -302,6 +304,52 @@ def test_guards_off_http_byte_identical(tmp_path: Path, monkeypatch: pytest.Monk
         proxied = client.post(base + "/mcp", content=body, headers=headers)
     assert direct.status_code == proxied.status_code == 200
     assert proxied.content == direct.content and b"io.github.mcp-token-otel" not in proxied.content
+
+
+def test_everything_http_enforce_sampling_and_progress(everything_http: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """server-everything (npm) through the HTTP proxy with annotations enforced: SSE answers with progress
+    notifications, a tool that samples (the client's sampling result POSTed back goes through the guards too)."""
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MODE", "enforce")
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_ANNOTATE_META", "true")
+    direct = anyio.run(_everything_session, everything_http)
+    with http_proxy(everything_http, "--name", "guarded") as (base, mport):
+        proxied = anyio.run(_everything_session, base + "/mcp")
+        text = _scrape_when(mport, policy="annotate_meta", enforced="true")
+    names, *results, progress = proxied
+    assert names == direct[0] and progress == direct[-1]  # progress notifications pass (unchanged)
+    calls = [0, 1, 5]  # echo, get-sum, the long-running operation: tools/call results
+    for index, (through, straight) in enumerate(zip(results, direct[1:-1], strict=True)):
+        meta = through.pop("meta", None) or through.pop("_meta", None)
+        assert meta[META_TOKENS_KEY]["tokens"] > 0, index
+        straight.pop("meta", None)
+        straight.pop("_meta", None)
+        if index in calls:
+            assert through == straight, index  # only the annotation was added
+    # The sampler's result quotes the sampling result the server received: annotated by the proxy on its way.
+    sampled = results[4]["content"][0]["text"]
+    assert '"text": "sampled!"' in sampled and f'"{META_TOKENS_KEY}"' in sampled
+    # Every result the client received (6 here) and the client's own sampling result sent to the server.
+    assert _guard_count(text, policy="annotate_meta", enforced="true") >= 7
+    assert sample(text, "mcp_token_instrumentation_errors_total", stage="guard") == 0
+
+
+def test_batch_results_guarded_requests_not_refused() -> None:
+    """A (2025-03-26) batch: its results are guarded like any result; its requests are never refused, since a
+    batch's answer has no place for the proxy's own (the deep call reaches the server and is answered)."""
+    deep = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "arguments": {}, "_meta": {META_DEPTH_KEY: 5}}}
+    alone = {**deep, "id": 2}
+    env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "true",
+           "MCP_TOKEN_OTEL_GUARD_MAX_CHAIN_DEPTH": "1"}
+    out = _raw_stdio(env, through_proxy=True, lines=[json.dumps([deep]).encode(), json.dumps(alone).encode()])
+    answers = [json.loads(x) for x in out.splitlines()]  # the proxy's refusal may come first
+    (batch,) = [a for a in answers if isinstance(a, list)]
+    (single,) = [a for a in answers if isinstance(a, dict)]
+    (answer,) = batch
+    assert answer["id"] == 1 and answer["result"]["echo"] == deep["params"]  # served
+    assert answer["result"]["_meta"][META_TOKENS_KEY]["tokens"] > 0  # and guarded
+    assert single["id"] == 2 and single["result"]["isError"] is True  # the same call alone: refused
+    assert "depth 5" in single["result"]["content"][0]["text"]
 
 
 # ---------------------------------------------------------------------- faults: the original bytes go on

@@ -437,9 +437,10 @@ class Relay:
                 if new is not body:
                     body = new
                     length = len(body)
-            if self.guard and up is not None and b'"tools/call"' in body:
-                # Only a tools/call is ever refused: guarded before it goes upstream. Other requests are
-                # measured after the response head, as without guards (an initialize's span gets its session).
+            if self.guard and up is not None and (b'"tools/call"' in body or b'"result"' in body):
+                # What a guard may refuse (a tools/call) or change (the client's result to a server's request)
+                # is handled before it goes upstream; other requests are measured after the response head, as
+                # without guards (an initialize's span then carries the session it created).
                 forward, reply = measurer.message(up, body)
                 up = None  # handled
                 if reply is not None:  # refused: the proxy answers, the server never sees the call

@@ -217,21 +217,27 @@ class Tracker:
         else:
             self._one(direction, message, now)
 
-    def _batch(self, direction: str, message: Any, now: int) -> None:
+    def _batch(self, direction: str, message: Any, now: int) -> list[Any] | None:
+        """Each element is its own message. In guard mode the results in a batch are guarded (the batch with
+        the changed ones is returned, None: unchanged); its requests are never refused (a batch's answer has
+        no place for the proxy's own)."""
         if not isinstance(message, list) or not message:
             self.stats.count(direction, "invalid")
-            return
-        guard, self.guard = self.guard, False  # a batch's elements are measured, not guarded
-        try:
-            for item in message:
-                self._one(direction, item, now)
-        finally:
-            self.guard = guard
+            return None
+        changed: list[Any] | None = None
+        for index, item in enumerate(message):
+            result = self._one(direction, item, now)
+            if result is not None:
+                if changed is None:
+                    changed = list(message)
+                changed[index] = {**item, "result": result}
+        return changed
 
-    def _one(self, direction: str, message: Any, now: int) -> None:
+    def _one(self, direction: str, message: Any, now: int) -> Any:
+        """One message; in guard mode, a response's changed result (None: unchanged)."""
         if not isinstance(message, dict):
             self.stats.count(direction, "invalid")
-            return
+            return None
         method = message.get("method")
         if isinstance(method, str):
             if "id" in message:
@@ -239,15 +245,17 @@ class Tracker:
             else:
                 self.stats.count(direction, "notification")
                 self.recorder.record_input(None, "proxy", method, message.get("params"))
-            return
+            return None
         if "id" in message and ("result" in message or "error" in message):
-            self._response(direction, message, now)
-            return
+            return self._response(direction, message, now)
         self.stats.count(direction, "invalid")
+        return None
 
-    def _request(self, direction: str, method: str, message: dict[str, Any], now: int) -> dict[str, Any] | None:
-        """Open the request's span and pair it; in guard mode, a client's request may be refused: the refusal
-        (a CallToolResult wire dict the proxy answers with) is returned and the request is not paired."""
+    def _request(self, direction: str, method: str, message: dict[str, Any], now: int,
+                 refuse: bool = False) -> dict[str, Any] | None:
+        """Open the request's span and pair it. ``refuse`` (guard mode, a client's request on its own): the
+        request guards run, and a refusal (the CallToolResult wire dict the proxy answers with) is returned
+        and the request is not paired."""
         key = _id_key(message.get("id"))
         if key is None:
             self.stats.count(direction, "invalid")
@@ -264,7 +272,7 @@ class Tracker:
         rec = self.recorder
         # Before the request is recorded: the session limit reads the budget as it stood before this call.
         refusal = rec.guard_request(span, "proxy", method, params, self.session_key) \
-            if self.guard and direction == C2S else None
+            if refuse and direction == C2S else None
         rec.record_input(span, "proxy", method, params, self.session_key)
         tool = called_tool(method, params)
         if refusal is not None:  # answered by the proxy: the refusal is the call's output
@@ -325,18 +333,18 @@ class Tracker:
         None: nothing; what to answer its sender with, None: nothing). ``raw`` itself when unchanged.
 
         A client's ``tools/call`` may be refused (answered here, not forwarded); a result may come back
-        changed (re-serialised, compact). Batches are measured, not guarded."""
+        changed (re-serialised, compact). In a batch only the results are guarded."""
         try:
             message = json.loads(raw)
         except (ValueError, RecursionError):
             self.stats.count(direction, "invalid")
             return raw, None
         if not isinstance(message, dict):
-            self._batch(direction, message, now)
-            return raw, None
+            batch = self._batch(direction, message, now)
+            return (raw if batch is None else dumps(batch)), None
         method = message.get("method")
         if isinstance(method, str) and "id" in message:
-            refusal = self._request(direction, method, message, now)
+            refusal = self._request(direction, method, message, now, refuse=self.guard)
             if refusal is None:
                 return raw, None
             return None, dumps({"jsonrpc": message.get("jsonrpc", "2.0"), "id": message["id"], "result": refusal})
