@@ -1,5 +1,8 @@
 """Framing and pairing of JSON-RPC messages the proxy has already forwarded (runs on the measuring thread).
 
+With guards on (guard.py) the same trackers run on the relay path instead, one whole message at a time
+(:meth:`Tracker.guarded`), before the message is forwarded.
+
 A :class:`MessageStream` is one direction of one byte stream (a stdio pipe, an HTTP body, an SSE stream);
 it turns the chunks the relay forwarded into whole JSON-RPC messages. A :class:`Tracker` is one MCP session:
 it pairs requests with responses by id in both directions (server-to-client requests too), opens a span per
@@ -204,7 +207,7 @@ class Tracker:
         #: Guard mode (guards on, side "proxy"): messages are handled on the relay path by :meth:`guarded`.
         self.guard = guard
 
-    # Everything below runs on the measuring thread only.
+    # Everything below runs on the measuring thread only (guard mode: on a relay thread, under the guard lock).
 
     def observe(self, direction: str, raw: bytes, now: int) -> None:
         try:
