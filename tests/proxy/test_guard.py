@@ -32,9 +32,11 @@ from mcp_token_otel.core.guard import META_DEPTH_KEY, META_TOKENS_KEY
 from mcp_token_otel.core.measure import measure_result
 from mcp_token_otel.recorder import TokenRecorder
 
+from ..support import ROOT, npm_peer
 from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
 from .servers.guard_server import line, make_server
 from .test_http import _everything_session, _serve, everything_http, http_proxy
+from .test_inject import RECORDER
 
 __all__ = ["everything_http"]  # the module-scoped fixture (server-everything over streamable HTTP)
 
@@ -331,6 +333,40 @@ def test_everything_http_enforce_sampling_and_progress(everything_http: str, mon
     # Every result the client received (6 here) and the client's own sampling result sent to the server.
     assert _guard_count(text, policy="annotate_meta", enforced="true") >= 7
     assert sample(text, "mcp_token_instrumentation_errors_total", stage="guard") == 0
+
+
+def test_conformance_same_through_observing_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MCP conformance suite (scripts/conformance-proxy) through the HTTP proxy with every policy observing
+    (limits low enough that each one fires): the same result for every check as directly."""
+    npm_peer("conformance")
+    npm_peer("mcp-server-everything")
+    env = {**os.environ, **ALL_POLICIES, "MCP_TOKEN_OTEL_GUARD_MODE": "observe",
+           "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": "50", "MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "1000",
+           "MCP_TOKEN_OTEL_VENV": str(Path(sys.executable).parent.parent)}
+    done = subprocess.run([str(ROOT / "scripts" / "conformance-proxy")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["different"] == [] and summary["direct"] == summary["proxy"]
+    assert summary["scenarios"] >= 20 and summary["direct"]["passed"] > 0
+
+
+def test_inject_trace_context_with_guards(tmp_path: Path, receiver: Receiver) -> None:
+    """--inject-trace-context and guards together (stdio): the request the server gets carries the proxy span's
+    traceparent; the result the client gets is guarded."""
+    seen = tmp_path / "seen.jsonl"
+    request = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "a", "arguments": {}}}'
+    env = {**os.environ, **proxy_env(receiver.port), "MCP_TOKEN_OTEL_GUARD_MODE": "enforce",
+           "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "true"}
+    proc = subprocess.run(proxy_argv("--inject-trace-context", "--", sys.executable, "-c", RECORDER, str(seen)),
+                          input=request + b"\n", capture_output=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["result"]["_meta"][META_TOKENS_KEY]["estimator"] == "chars/4"  # guarded (an empty result)
+    traceparent = json.loads(seen.read_bytes())["params"]["_meta"]["traceparent"]
+    spans = wait_for(lambda: [span for _, span, _ in receiver.spans() if span.name == "tools/call a"],
+                     what="the proxy span")
+    assert traceparent == f"00-{spans[0].trace_id.hex()}-{spans[0].span_id.hex()}-01"
 
 
 def test_batch_results_guarded_requests_not_refused() -> None:
