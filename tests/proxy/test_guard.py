@@ -214,6 +214,27 @@ def _event_attrs(event: Any) -> dict[str, Any]:
     return out
 
 
+def test_enforce_sessionless_http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2026 sessionless protocol (Client mode "auto"): each exchange its own, the cap still applies."""
+    env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": str(CAP)}
+    log = tmp_path / "served.jsonl"
+
+    async def read(target: Any) -> Any:
+        with anyio.fail_after(60):
+            async with Client(target, mode="auto") as client:
+                await client.list_tools()
+                return _dump(await client.call_tool("read_lines", {"offset": 0}))
+
+    with _upstream("http-sse", log, env, monkeypatch) as (proxied, _direct, _mport):
+        result = anyio.run(read, proxied)
+    kept, notice = result["content"]
+    assert "\n".join(line(i) for i in range(400)).startswith(kept["text"])
+    assert notice["text"].startswith(f"[mcp-token-otel: response truncated to the limit of {CAP} tokens.")
+    assert notice["text"].endswith("Call read_lines with offset set past the "
+                                   f"{kept['text'].count(chr(10)):,} lines ({len(kept['text']):,} characters) "
+                                   "shown to continue.]")
+
+
 @pytest.mark.parametrize("transport", ["stdio", "http-sse"])
 def test_enforce_session_hard_limit(transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading 400 lines exhausts a 4,000-token window; the next call is answered by the proxy."""

@@ -444,9 +444,9 @@ class Relay:
                 forward, reply = measurer.message(up, body)
                 up = None  # handled
                 if reply is not None:  # refused: the proxy answers, the server never sees the call
-                    await _answer_json(writer, reply, keep)
                     if tracker is not None and session_id is None:
                         measurer.close_tracker(tracker)
+                    await _answer_json(writer, reply, keep)
                     return keep, b""
                 if forward is not None and forward is not body:
                     body = forward
