@@ -488,3 +488,34 @@ def test_sse_events_guarded_whole_fields_kept_any_split() -> None:
             "tools/call", {"content": [{"type": "text", "text": "caf\u00e9"}]},
             policy=recorder.policy).total_tokens
         assert tracker.stats.messages[(S2C, "notification")] == 1 and not tracker.pending
+
+
+def test_lines_held_whole_at_any_split_oversize_passes() -> None:
+    """stdio in guard mode: lines are guarded whole however the chunks split them (line endings kept); a
+    refusal is answered to the sender; a line over the holding limit goes on as it comes, unguarded."""
+    recorder = TokenRecorder(config_from_dict({"estimator": "chars/4", "guard": {
+        "mode": "enforce", "annotate_meta": True, "max_chain_depth": 1}}))
+    measurer = GuardMeasurer(recorder, ProxyStats("t"))
+    tracker = measurer.tracker(session_key="s", transport="pipe")
+    deep = (b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "t", "_meta": {"'
+            + META_DEPTH_KEY.encode() + b'": 4}}}')
+    fine = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t", "arguments": {}}}'
+    note = b'{"jsonrpc": "2.0", "method": "notifications/initialized"}'
+    stream = deep + b"\r\n" + fine + b"\n" + note + b"\n"
+    for step in (1, 5, 33, len(stream)):
+        up = LineGuard(measurer, measurer.stream(tracker, C2S, LINES))
+        pieces = [up.feed(stream[i:i + step]) for i in range(0, len(stream), step)]
+        forwarded = b"".join(p[0] for p in pieces)
+        replies = b"".join(p[1] for p in pieces)
+        assert forwarded == fine + b"\n" + note + b"\n"  # the deep call is not sent on
+        (reply,) = replies.splitlines()
+        refusal = json.loads(reply)
+        assert refusal["id"] == 9 and refusal["result"]["isError"] is True
+        assert refusal["result"]["_meta"]["io.github.mcp-token-otel/guard"]["policy"] == "chain_depth"
+    down = LineGuard(measurer, measurer.stream(tracker, S2C, LINES), max_line=200)
+    answer = b'{"jsonrpc": "2.0", "id": 1, "result": {"content": []}}\r\n'
+    out, _ = down.feed(answer)
+    assert out.endswith(b"\r\n") and json.loads(out)["result"]["_meta"][META_TOKENS_KEY]["tokens"] >= 0
+    huge = b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "' + b"y" * 500 + b'"}}\n'
+    passed = b"".join(down.feed(huge[i:i + 150])[0] for i in range(0, len(huge), 150))
+    assert passed == huge and measurer.stats.oversize == 1 and not down.passing
