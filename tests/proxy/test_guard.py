@@ -314,8 +314,12 @@ def test_guards_off_stdio_byte_identical(env: dict[str, str]) -> None:
     assert len(direct.splitlines()) == 3
 
 
-def test_guards_off_http_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {"MCP_TOKEN_OTEL_GUARD_MODE": "off", **ALL_POLICIES}.items():
+@pytest.mark.parametrize("env", [
+    {"MCP_TOKEN_OTEL_GUARD_MODE": "off", **ALL_POLICIES},
+    {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_SIDES": "client,server", **ALL_POLICIES},
+], ids=["mode-off", "proxy-not-in-sides"])
+def test_guards_off_http_byte_identical(env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     body = (b'{"jsonrpc": "2.0", "id": 7, "method": "initialize", "params": {"protocolVersion": "2025-06-18", '
             b'"capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}')
@@ -519,3 +523,35 @@ def test_lines_held_whole_at_any_split_oversize_passes() -> None:
     huge = b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "' + b"y" * 500 + b'"}}\n'
     passed = b"".join(down.feed(huge[i:i + 150])[0] for i in range(0, len(huge), 150))
     assert passed == huge and measurer.stats.oversize == 1 and not down.passing
+
+
+def test_chunked_json_answer_guarded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream that streams its JSON answer in pieces (chunked, no Content-Length): held whole, guarded,
+    relayed chunked to the client."""
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MODE", "enforce")
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_ANNOTATE_META", "true")
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        answer = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"],
+                             "result": {"content": [{"type": "text", "text": "streamed " * 50}]}}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        for i in range(0, len(answer), 100):
+            await send({"type": "http.response.body", "body": answer[i:i + 100], "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    request = b'{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "t", "arguments": {}}}'
+    with (_serve(app) as port, http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, _),
+          httpx.Client(timeout=10) as client):
+        answer = client.post(base + "/mcp", content=request, headers={"content-type": "application/json"})
+    assert answer.status_code == 200 and answer.headers.get("transfer-encoding") == "chunked"
+    result = answer.json()["result"]
+    assert result["content"][0]["text"] == "streamed " * 50
+    assert result["_meta"][META_TOKENS_KEY]["tokens"] > 0
