@@ -4,7 +4,11 @@ Arms, interleaved in time-based blocks (long enough to include every background 
     sdk   a global SDK TracerProvider (BatchSpanProcessor to a discarding exporter) and MeterProvider
           (periodic reader every 0.5 s), no shim: what an application with OpenTelemetry already pays;
     shim  the same providers plus instrument() (defaults: OTel metrics deferred, no /metrics server), or
-    both  with ``--prometheus``, the Prometheus sink as well (no server; the families are fed).
+    both  with ``--prometheus``, the Prometheus sink as well (no server; the families are fed);
+    guard the shim with every guard policy on in observe mode and a model for the cost (``--no-guard`` leaves
+          this arm out): response cap 8,000, session hard limit and warning note, annotation, rate limit,
+          chain depth, padding checks. The payload repeats one sentence, so the padding checks report it
+          (the costlier path: a finding is built and counted on every call).
 
 In-process cells: ``Client(server)`` in mode auto (direct dispatcher) or legacy (JSON-RPC over memory
 streams), a tool returning 2 KB or 200 KB of text, the shim on the server side only (the client session's
@@ -15,7 +19,7 @@ Streamable HTTP cell (``--http``): two server subprocesses (uvicorn), one with t
 alternates blocks between them; the figure is the server process's CPU time (user + system, from
 /proc) per call.
 
-    python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown]
+    python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown] [--no-guard]
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 SIZES = {"2 KB": 2 * 1024, "200 KB": 200 * 1024}
+#: The guard arm: every policy on, observe mode (nothing altered), a model for the cost.
+GUARD = {
+    "mode": "observe", "max_response_tokens": 8000, "session_hard_limit": True, "session_warning_note": True,
+    "annotate_meta": True, "rate_limit": True, "max_chain_depth": 3, "model": "claude-sonnet-5-5",
+}
 
 
 class Discard(SpanExporter):
@@ -113,18 +122,22 @@ def p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def run_cell(config: Any, mode: str, size: int, seconds: float, rounds: int, prometheus: bool) -> dict[str, Any]:
+def run_cell(
+    configs: dict[str, Any], mode: str, size: int, seconds: float, rounds: int, prometheus: bool
+) -> dict[str, Any]:
+    """``configs``: arm -> instrument() config (the "sdk" arm, None, runs without the shim)."""
     from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
     from mcp_token_otel.instrumentation import instrument, uninstrument
 
     payload = payload_of(size)
-    arms: dict[str, list[float]] = {"sdk": [], "shim": []}
-    tail_us = 0.0  # replay left at the end of the shim blocks, charged to the shim arm's mean
+    names = list(configs)
+    arms: dict[str, list[float]] = {arm: [] for arm in names}
+    tail_us = dict.fromkeys(names, 0.0)  # replay left at the end of a block, charged to its arm's mean
     for i in range(rounds):
-        for arm in ("sdk", "shim") if i % 2 == 0 else ("shim", "sdk"):
+        for arm in names if i % 2 == 0 else names[::-1]:
             gc.collect()
-            if arm == "shim":
-                recorder = instrument(config)
+            if configs[arm] is not None:
+                recorder = instrument(configs[arm])
                 if prometheus and recorder is not None:
                     recorder.add_sink(PrometheusMetrics(states=recorder.states))
             try:
@@ -132,14 +145,11 @@ def run_cell(config: Any, mode: str, size: int, seconds: float, rounds: int, pro
             finally:
                 start = time.perf_counter_ns()
                 uninstrument()
-                if arm == "shim":
-                    tail_us += (time.perf_counter_ns() - start) / 1000
-    base, shim = arms["sdk"], arms["shim"]
-    return {
-        "calls": (len(base), len(shim)),
-        "base": (statistics.median(base), statistics.fmean(base), p99(base)),
-        "shim": (statistics.median(shim), (sum(shim) + tail_us) / len(shim), p99(shim)),
-    }
+                tail_us[arm] += (time.perf_counter_ns() - start) / 1000
+    out: dict[str, Any] = {"calls": min(len(v) for v in arms.values())}
+    for arm, times in arms.items():
+        out[arm] = (statistics.median(times), (sum(times) + tail_us[arm]) / len(times), p99(times))
+    return out
 
 
 # ---------------------------------------------------------------------- streamable HTTP, server CPU
@@ -223,6 +233,7 @@ def main() -> None:
     parser.add_argument("--prometheus", action="store_true", help="feed the Prometheus sink too")
     parser.add_argument("--http", action="store_true", help="also the streamable HTTP server-CPU cell")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--no-guard", action="store_true", help="leave out the guard arm")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=2048, help=argparse.SUPPRESS)
@@ -234,17 +245,25 @@ def main() -> None:
     from mcp_token_otel.config import config_from_dict
 
     setup_otel()
-    config = config_from_dict({"prometheus": {"enabled": False}})
+    configs: dict[str, Any] = {"sdk": None, "shim": config_from_dict({"prometheus": {"enabled": False}})}
+    if not args.no_guard:
+        configs["guard"] = config_from_dict({"prometheus": {"enabled": False}, "guard": GUARD})
     header = ("mode", "result", "sdk med µs", "shim med µs", "added med", "sdk mean", "shim mean", "added mean",
               "sdk p99", "shim p99", "p99 ratio", "calls/arm")
+    if "guard" in configs:
+        header += ("guard med µs", "guard vs shim med", "guard mean", "guard vs shim mean", "guard p99")
     rows = []
     for mode in args.modes.split(","):
         for label in args.sizes.split(","):
-            r = run_cell(config, mode, SIZES[label], args.seconds, args.rounds, args.prometheus)
-            (bm, ba, bp), (sm, sa, sp) = r["base"], r["shim"]
-            rows.append((mode, label, f"{bm:.0f}", f"{sm:.0f}", f"{(sm / bm - 1) * 100:+.1f}%", f"{ba:.0f}",
-                         f"{sa:.0f}", f"{(sa / ba - 1) * 100:+.1f}%", f"{bp:.0f}", f"{sp:.0f}", f"{sp / bp:.2f}x",
-                         f"{min(r['calls']):,}"))
+            r = run_cell(configs, mode, SIZES[label], args.seconds, args.rounds, args.prometheus)
+            (bm, ba, bp), (sm, sa, sp) = r["sdk"], r["shim"]
+            row = (mode, label, f"{bm:.0f}", f"{sm:.0f}", f"{(sm / bm - 1) * 100:+.1f}%", f"{ba:.0f}",
+                   f"{sa:.0f}", f"{(sa / ba - 1) * 100:+.1f}%", f"{bp:.0f}", f"{sp:.0f}", f"{sp / bp:.2f}x",
+                   f"{r['calls']:,}")
+            if "guard" in r:
+                gm, ga, gp = r["guard"]
+                row += (f"{gm:.0f}", f"{gm - sm:+.0f} µs", f"{ga:.0f}", f"{ga - sa:+.0f} µs", f"{gp:.0f}")
+            rows.append(row)
             print(" ".join(rows[-1]), flush=True)
     if args.markdown:
         print("\n| " + " | ".join(header) + " |")

@@ -242,6 +242,13 @@ class TokenRecorder:
         self.guard = GuardEngine(guard, self.policy, max_sessions=budget.max_sessions)
         self._guard_on = self.guard.active
         self._guard_sides = frozenset(guard.sides)
+        #: The refusal and padding policies switched on: their series start at 0 per (side, server, tool).
+        self._guard_zero: tuple[str, ...] = tuple(
+            policy for policy, on in (("chain_depth", guard.max_chain_depth > 0), ("session_limit",
+                                      guard.session_hard_limit), ("rate_limit", guard.rate_limit),
+                                      ("padding", guard.padding.enabled)) if on
+        )
+        self._guard_touched: set[tuple[str, str, str | None]] = set()
         #: Cost is observability: computed whenever guard.model is set, guard on or off.
         self._cost_on = bool(guard.model)
         #: In-process fault counts per stage; the one place a fault is visible when the meter itself fails.
@@ -455,10 +462,43 @@ class TokenRecorder:
         except Exception:
             self._fault("guard")
             return None
-        if decision.actions:
-            self._guard_signals(span, side, decision.actions, None, self._server(self._meta(side, session_id, server,
-                                                                                            None), server))
+        if decision.actions or method == "tools/call":
+            server_label = self._server(self._meta(side, session_id, server, None), server)
+            if method == "tools/call":
+                self._guard_series(side, server_label, params)
+            if decision.actions:
+                self._guard_signals(span, side, decision.actions, None, server_label)
         return None if decision.allow else decision.result
+
+    def _guard_series(self, side: Side, server: str, params: Any) -> None:
+        """A tool's first guarded call (per side and server): its refusal and padding series start at 0, so that
+        alert rules taking increase() see the first refusal (a series born with it has no earlier sample)."""
+        try:
+            name = params.get("name") if isinstance(params, Mapping) else None
+            if not isinstance(name, str) or not self._guard_zero:
+                return
+            tool = self.tool_names(name, False)
+            key = (side, server, tool)
+            if key in self._guard_touched:
+                return
+            if len(self._guard_touched) >= 10_000:
+                self._guard_touched.clear()
+            self._guard_touched.add(key)
+            tp = self.guard.tool_policy(name)
+            if not tp.active:
+                return
+            series = [(p, "found" if p == "padding" else "refused", tp.enforce) for p in self._guard_zero
+                      if p != "padding" or tp.padding]
+        except Exception:
+            self._fault("metrics")
+            return
+        for sink in self.sinks:
+            touch = getattr(sink, "touch_guard", None)  # the Prometheus sink; OTel counters need no zero
+            if touch is not None:
+                try:
+                    touch(side, server, tool, series)
+                except Exception:
+                    self._fault("metrics")
 
     def _guard_result(
         self,

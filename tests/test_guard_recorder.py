@@ -4,7 +4,11 @@ through."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +18,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.core.guard import META_TOKENS_KEY, notices
-from mcp_token_otel.core.measure import measure_result
+from mcp_token_otel.core.measure import Policy, measure_result
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.recorder import TokenRecorder
 
@@ -252,3 +257,94 @@ def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: p
     assert h.value("mcp_token_instrumentation_errors_total", stage="guard") == 2
     (s,) = h.spans()
     assert s.attributes["mcp_token.output_tokens"] == m.total_tokens
+
+
+def _populated(h: Harness) -> None:
+    """Guard and cost series with a server name, a tool, and one with neither."""
+    h.rec.record_guarded_output(None, "server", "tools/call", "t", text_result(prose(4000)), "s1", server="srv")
+    h.rec.record_guarded_output(None, "client", "resources/read", None,
+                                {"contents": [{"uri": "file:///a", "text": prose(400)}]}, "c1")
+
+
+def test_exposition_and_promtool(harness_factory: Any) -> None:
+    """The fast exposition renders the guard families as generate_latest does, and promtool finds them clean."""
+    from prometheus_client import generate_latest
+
+    from .support import require_binary
+
+    h = harness_factory(guard={"mode": "enforce", "max_response_tokens": 100, "annotate_meta": True,
+                               "model": "gpt-5.5"})
+    _populated(h)
+    assert h.value("mcp_token_guard_actions_total", **{**guard_labels("response_cap", "truncated", "true"),
+                                                       "server": "srv"}) == 1
+    assert h.value("mcp_token_guard_actions_total",
+                   **guard_labels("annotate_meta", "annotated", "true", tool="", side="client")) == 1
+    assert h.value("mcp_token_cost_usd_total", side="client", server="", tool="") > 0
+    fast = h.prom.exposition()
+
+    def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return {(s.name, tuple(sorted(s.labels.items())), s.value)
+                for family in text_string_to_metric_families(body.decode()) for s in family.samples
+                if "guard" in s.name or "cost" in s.name}
+
+    assert parsed(fast) == parsed(generate_latest(h.prom.registry)) and len(parsed(fast)) == 5
+    promtool = require_binary("promtool")
+    done = subprocess.run([promtool, "check", "metrics"], input=fast, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+WORKER = """
+from mcp_token_otel.config import config_from_dict
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.recorder import TokenRecorder
+rec = TokenRecorder(config_from_dict({"estimator": "chars/4", "guard": {"mode": "observe", "annotate_meta": True,
+                                                                        "model": "gpt-5.5"}}))
+rec.add_sink(PrometheusMetrics(states=rec.states))
+for _ in range(3):
+    rec.record_guarded_output(None, "server", "tools/call", "t", {"content": [{"type": "text", "text": "abcd" * 100}]},
+                              "s", server="mp")
+"""
+READER = """
+from prometheus_client import generate_latest
+from mcp_token_otel.emitters.prometheus_metrics import multiprocess_registry
+print(generate_latest(multiprocess_registry()).decode())
+"""
+
+
+def test_multiprocess_mode(tmp_path: Path) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", WORKER], env=env, check=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", READER], env=env, check=True, capture_output=True, timeout=120)
+    families = {f.name: f for f in text_string_to_metric_families(out.stdout.decode())}
+    (action,) = families["mcp_token_guard_actions"].samples
+    assert action.labels == {"side": "server", "server": "mp", "policy": "annotate_meta", "action": "annotated",
+                             "enforced": "false", "tool": "t"}
+    assert action.value == 6  # 3 calls in each of 2 workers
+    (cost,) = families["mcp_token_cost_usd"].samples
+    assert cost.labels == {"side": "server", "server": "mp", "tool": "t"}
+    # 6 results of chars/4 tokens each at 5 USD per million.
+    tokens = measure_result("tools/call", {"content": [{"type": "text", "text": "abcd" * 100}]},
+                            tool_name="t", policy=Policy(estimator=lambda s: -(-len(s) // 4), estimator_name="chars/4"),
+                            ).total_tokens
+    assert cost.value == pytest.approx(6 * tokens * 5e-6)
+
+
+def test_refusal_series_start_at_zero(harness_factory: Any) -> None:
+    """A tool's first guarded call creates its refusal and padding series at 0 (alerts take increase() of them)."""
+    h = harness_factory(guard={"mode": "enforce", "session_hard_limit": True, "rate_limit": True,
+                               "tools": {"quiet": {"mode": "observe"}}})
+    for tool in ("t", "quiet"):
+        assert h.rec.guard_request(None, "server", "tools/call", {"name": tool}, "s1", server="srv") is None
+    for policy in ("session_limit", "rate_limit"):
+        assert h.value("mcp_token_guard_actions_total", **{**guard_labels(policy, "refused", "true"),
+                                                           "server": "srv"}) == 0
+        assert h.value("mcp_token_guard_actions_total", **{**guard_labels(policy, "refused", "false", tool="quiet"),
+                                                           "server": "srv"}) == 0
+    padding = {**guard_labels("padding", "found", "true"), "server": "srv"}
+    assert h.value("mcp_token_guard_actions_total", **padding) == 0
+    assert h.value("mcp_token_guard_actions_total", **{**guard_labels("chain_depth", "refused", "true"),
+                                                       "server": "srv"}) is None  # not switched on
+    h.rec.guard_request(None, "server", "tools/list", None, "s1")  # no tool: nothing more
+    rows = [s for f in h.prom.registry.collect() for s in f.samples if s.name == "mcp_token_guard_actions_total"]
+    assert len(rows) == 6

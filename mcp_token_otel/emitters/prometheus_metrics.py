@@ -449,6 +449,18 @@ class PrometheusMetrics:
         else:
             self._guard.add(key)
 
+    def touch_guard(
+        self, side: str, server: str, tool: str | None, series: list[tuple[str, str, bool]]
+    ) -> None:
+        """Guard-action series (policy, action, enforced) of a tool at 0 before its first action (alerts take
+        increase() of the refusals and padding findings)."""
+        for policy, action, enforced in series:
+            key = (side, server, policy, action, "true" if enforced else "false", tool or "")
+            if self._files is not None:
+                self._files.guard.labels(*_plain_labels(key))
+            else:
+                self._guard.touch(key)
+
     def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None:
         """Estimated USD of one result entering the context."""
         key = (side, server, tool or "")

@@ -10,6 +10,7 @@ turning a guard on) both calls return at once.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,8 @@ ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 _MAX_CACHED = 4096
+#: A notice block a guard added upstream (the server's shim, then the client's): one short line in brackets.
+_NOTICE = re.compile(r"\[mcp-token-otel(?: security notice)?: [^\n]{1,1500}\]")
 
 
 class BudgetView(Protocol):
@@ -270,7 +273,10 @@ class GuardEngine:
         if method == "tools/call" and tp.max_response_tokens:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
-            if m.data_tokens > tp.max_response_tokens:
+            data = m.data_tokens
+            if data > tp.max_response_tokens:  # cut upstream already (its notices end it): never cut twice
+                data -= sum(self.policy.estimator(b["text"]) for b in _trailing_notices(result.get("content")))
+            if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
                     info = self.tool_info(tool)
@@ -299,10 +305,11 @@ class GuardEngine:
                 and budget.state != "ok" and isinstance(new.get("content"), list)):
             numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
                        "calls": budget.calls}
-            if enforce:
+            upstream = any(b["text"].startswith(_WARNING) for b in _trailing_notices(new.get("content")))
+            if enforce and not upstream:  # one note, even when a guard upstream wrote it already
                 note = notices.session_warning(budget.tokens, budget.context_window, budget.calls)
                 new = {**new, "content": [*new["content"], {"type": "text", "text": note}]}
-            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce, numbers))
+            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce and not upstream, numbers))
 
         context_tokens: int | None = None
         if new is not result:
@@ -361,13 +368,36 @@ class GuardEngine:
         if tp.padding_action == "strip" and any(f.check == "invisible_chars" for f in findings):
             new, stripped = _strip(new)
             numbers["stripped"] = stripped
-        noticed = method == "tools/call" and isinstance(new.get("content"), list)
+        content = new.get("content")
+        noticed = method == "tools/call" and isinstance(content, list)
+        if noticed and content and _is_notice(content[0]):  # a guard upstream warned already: one notice
+            noticed = False
         if noticed:  # first, so the model reads the warning before the content
             notice = {"type": "text", "text": notices.padding(findings, stripped)}
             new = {**new, "content": [notice, *new["content"]]}
         actions.append(GuardAction(PADDING, "stripped" if stripped else "found", tool, noticed or stripped > 0,
                                    numbers))
         return new
+
+
+def _is_notice(block: Any) -> bool:
+    """A text block that is one of the guards' own notices (as a guard upstream appends or prepends it)."""
+    text = block.get("text") if isinstance(block, Mapping) else None
+    return isinstance(text, str) and text.startswith("[mcp-token-otel") and _NOTICE.fullmatch(text) is not None
+
+
+_WARNING = f"[{notices.PREFIX}: this session has used "
+
+
+def _trailing_notices(content: Any) -> list[Mapping[str, Any]]:
+    """The guards' notice blocks that end ``content`` (a truncation notice, a session warning note)."""
+    out: list[Mapping[str, Any]] = []
+    if isinstance(content, list):
+        for block in reversed(content):
+            if not _is_notice(block):
+                break
+            out.append(block)
+    return out
 
 
 def _texts(result: Mapping[str, Any]) -> list[str]:
