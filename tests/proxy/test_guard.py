@@ -214,19 +214,26 @@ def _event_attrs(event: Any) -> dict[str, Any]:
     return out
 
 
-def test_enforce_sessionless_http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 2026 sessionless protocol (Client mode "auto"): each exchange its own, the cap still applies."""
-    env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": str(CAP)}
+@pytest.mark.parametrize("transport", ["stdio", "http-sse"])
+def test_enforce_2026_protocol(transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2026 protocol (Client mode "auto"; over HTTP sessionless, each exchange its own): the cap applies,
+    and the proxy's refusal carries the resultType that protocol's results have."""
+    env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": str(CAP),
+           "MCP_TOKEN_OTEL_GUARD_MAX_CHAIN_DEPTH": "1"}
     log = tmp_path / "served.jsonl"
 
-    async def read(target: Any) -> Any:
+    async def read(target: Any) -> tuple[Any, Any]:
         with anyio.fail_after(60):
             async with Client(target, mode="auto") as client:
                 await client.list_tools()
-                return _dump(await client.call_tool("read_lines", {"offset": 0}))
+                deep = _dump(await client.call_tool("small", {}, meta={META_DEPTH_KEY: 2}))
+                return _dump(await client.call_tool("read_lines", {"offset": 0})), deep
 
-    with _upstream("http-sse", log, env, monkeypatch) as (proxied, _direct, _mport):
-        result = anyio.run(read, proxied)
+    with _upstream(transport, log, env, monkeypatch) as (proxied, _direct, _mport):
+        result, deep = anyio.run(read, proxied)
+    assert deep["isError"] is True and "depth 2" in deep["content"][0]["text"]
+    assert deep["resultType"] == "complete"  # as the 2026 protocol's results carry it
+    assert [s["tool"] for s in _served(log)] == ["read_lines"]
     kept, notice = result["content"]
     assert "\n".join(line(i) for i in range(400)).startswith(kept["text"])
     assert notice["text"].startswith(f"[mcp-token-otel: response truncated to the limit of {CAP} tokens.")

@@ -41,6 +41,10 @@ KINDS = ("request", "response", "notification", "invalid", "unmatched")
 A_SERVER_NAME = "mcp_token.server.name"
 
 LINES, BODY, SSE = "lines", "body", "sse"
+#: A 2026-era request names its protocol version in ``params._meta`` (sessionless: no initialize tells it).
+PROTOCOL_META_KEY = "io.modelcontextprotocol/protocolVersion"
+#: The first protocol version whose results carry ``resultType`` (versions are dates: they compare as strings).
+RESULT_TYPE_SINCE = "2026-07-28"
 DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
 MAX_PENDING = 10_000
 
@@ -279,6 +283,7 @@ class Tracker:
         rec.record_input(span, "proxy", method, params, self.session_key)
         tool = called_tool(method, params)
         if refusal is not None:  # answered by the proxy: the refusal is the call's output
+            refusal = self._envelope(refusal, params)
             rec.record_output(span, "proxy", method, tool, result=refusal, session_id=self.session_key,
                               duration_s=0.0)
             self._end_span(span, now)
@@ -294,6 +299,17 @@ class Tracker:
             else None
         self.pending[pending_key] = Pending(span, method, tool, now, arguments)
         return None
+
+    def _envelope(self, refusal: dict[str, Any], params: Any) -> dict[str, Any]:
+        """The refusal shaped as the request's protocol shapes a result: since 2026-07-28 a result carries its
+        ``resultType`` (the server would have added it; here the proxy answers)."""
+        meta = params.get("_meta") if isinstance(params, Mapping) else None
+        version = meta.get(PROTOCOL_META_KEY) if isinstance(meta, Mapping) else None
+        if not isinstance(version, str):
+            version = self.protocol_version
+        if isinstance(version, str) and version >= RESULT_TYPE_SINCE and "resultType" not in refusal:
+            return {**refusal, "resultType": "complete"}
+        return refusal
 
     def _response(self, direction: str, message: dict[str, Any], now: int) -> Any:
         """Pair a response with its request and record it. In guard mode a result goes through the guards
