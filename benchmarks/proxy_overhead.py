@@ -7,7 +7,11 @@ the proxy's, not an SDK's. The proxy runs as a user runs it (``mcp-token-otel pr
 measurement on). Added latency = proxy percentile - direct percentile. Throughput: sequential requests per
 second, the arms alternating in 100 ms slices.
 
-    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300]
+``--guard`` adds a third arm: the proxy with every guard policy on in observe mode (GUARD_ENV), where the
+proxy measures and guards each message on the relay path (docs/proxy.md, Guards); its added latency is
+printed beside the plain proxy's.
+
+    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--guard]
 """
 
 from __future__ import annotations
@@ -27,6 +31,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 THROUGHPUT_SECONDS = 2.0  # per arm, in 100 ms slices alternating between the arms
+#: The guard arm: every policy on, observe mode (nothing changes, everything is decided and counted).
+GUARD_ENV = {
+    "MCP_TOKEN_OTEL_GUARD_MODE": "observe",
+    "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": "8000",
+    "MCP_TOKEN_OTEL_GUARD_SESSION_HARD_LIMIT": "true",
+    "MCP_TOKEN_OTEL_GUARD_SESSION_WARNING_NOTE": "true",
+    "MCP_TOKEN_OTEL_GUARD_RATE_LIMIT": "true",
+    "MCP_TOKEN_OTEL_GUARD_CALLS_PER_MINUTE": "1000000",
+    "MCP_TOKEN_OTEL_GUARD_MAX_CHAIN_DEPTH": "3",
+    "MCP_TOKEN_OTEL_GUARD_ANNOTATE_META": "true",
+    "MCP_TOKEN_OTEL_GUARD_MODEL": "claude-sonnet-5-5",
+}
 
 LINE_SERVER = textwrap.dedent("""
     import json, sys
@@ -80,8 +96,8 @@ def _wait_open(port: int) -> None:
     raise SystemExit(f"nothing listening on {port}")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(extra or {})}
 
 
 def _proxy(*args: str) -> list[str]:
@@ -94,8 +110,8 @@ def _request(rid: int) -> bytes:
 
 
 class StdioArm:
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env())
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.rid = 0
@@ -165,7 +181,13 @@ def _pct(values: list[float], q: float) -> float:
 
 def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str, float]) -> dict[str, Any]:
     d, p = times["direct"], times["proxy"]
-    return {
+    guard: dict[str, Any] = {}
+    if "guard" in times:
+        g = times["guard"]
+        guard = {"guard_p50_us": _pct(g, 0.5), "guard_added_p50_us": _pct(g, 0.5) - _pct(d, 0.5),
+                 "guard_added_p95_us": _pct(g, 0.95) - _pct(d, 0.95), "guard_mean_us": statistics.fmean(g),
+                 "guard_p99_us": _pct(g, 0.99), "guard_rps": rps["guard"]}
+    return {**guard,
         "transport": transport, "result": f"{size // 1000} KB",
         "direct_p50_us": _pct(d, 0.5), "proxy_p50_us": _pct(p, 0.5),
         "added_p50_us": _pct(p, 0.5) - _pct(d, 0.5), "added_p95_us": _pct(p, 0.95) - _pct(d, 0.95),
@@ -176,9 +198,11 @@ def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str
     }
 
 
-def bench_stdio(size: int, iterations: int, warmup: int) -> dict[str, Any]:
+def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False) -> dict[str, Any]:
     server = [sys.executable, "-c", LINE_SERVER, str(size)]
     arms = {"direct": StdioArm(server), "proxy": StdioArm(_proxy("--name", "bench", "--", *server))}
+    if guard:
+        arms["guard"] = StdioArm(_proxy("--name", "bench", "--", *server), GUARD_ENV)
     try:
         times = _interleaved(arms, iterations, warmup)
         rps = _throughput(arms, THROUGHPUT_SECONDS)
@@ -188,23 +212,26 @@ def bench_stdio(size: int, iterations: int, warmup: int) -> dict[str, Any]:
     return _row("stdio", size, times, rps)
 
 
-def bench_http(size: int, iterations: int, warmup: int) -> dict[str, Any]:
-    port, proxy_port = _free_port(), _free_port()
+def bench_http(size: int, iterations: int, warmup: int, guard: bool = False) -> dict[str, Any]:
+    port, proxy_port, guard_port = _free_port(), _free_port(), _free_port()
     server = subprocess.Popen([sys.executable, "-c", HTTP_SERVER, str(size), str(port)], env=_env())
-    proxy: subprocess.Popen[bytes] | None = None
+    proxies: list[subprocess.Popen[bytes]] = []
     arms: dict[str, Any] = {}
     try:
         _wait_open(port)
-        proxy = subprocess.Popen(_proxy("--listen", f"127.0.0.1:{proxy_port}", "--upstream",
-                                        f"http://127.0.0.1:{port}/mcp"), env=_env())
-        _wait_open(proxy_port)
+        for listen, env in [(proxy_port, None), *([(guard_port, GUARD_ENV)] if guard else [])]:
+            proxies.append(subprocess.Popen(_proxy("--listen", f"127.0.0.1:{listen}", "--upstream",
+                                                   f"http://127.0.0.1:{port}/mcp"), env=_env(env)))
+            _wait_open(listen)
         arms = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp"), "proxy": HttpArm(f"http://127.0.0.1:{proxy_port}/mcp")}
+        if guard:
+            arms["guard"] = HttpArm(f"http://127.0.0.1:{guard_port}/mcp")
         times = _interleaved(arms, iterations, warmup)
         rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
         for arm in arms.values():
             arm.close()
-        for proc in (proxy, server):
+        for proc in (*proxies, server):
             if proc is not None:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -217,14 +244,15 @@ def main() -> None:
     parser.add_argument("--large-iterations", type=int, default=300, help="interleaved requests per arm at 200 KB")
     parser.add_argument("--transport", choices=("stdio", "http", "both"), default="both")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    parser.add_argument("--guard", action="store_true", help="add the arm with every guard policy on (observe)")
     args = parser.parse_args()
-    runs: list[tuple[Callable[[int, int, int], dict[str, Any]], int, int]] = []
+    runs: list[tuple[Callable[..., dict[str, Any]], int, int]] = []
     if args.transport in ("stdio", "both"):
         runs += [(bench_stdio, 2_000, args.iterations), (bench_stdio, 200_000, args.large_iterations)]
     if args.transport in ("http", "both"):
         runs += [(bench_http, 2_000, args.iterations), (bench_http, 200_000, args.large_iterations)]
     load_before = os.getloadavg()[0]
-    rows = [bench(size, n, max(50, n // 10)) for bench, size, n in runs]
+    rows = [bench(size, n, max(50, n // 10), args.guard) for bench, size, n in runs]
     print(f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"times in microseconds per request (round trip), {args.iterations} / {args.large_iterations} per arm")
     print(f"{'transport':<10}{'result':>8}{'direct p50':>12}{'proxy p50':>11}{'added p50':>11}{'added p95':>11}"
@@ -235,6 +263,14 @@ def main() -> None:
               f"{r['added_p50_us']:>9.0f}us{r['added_p95_us']:>9.0f}us{r['direct_mean_us']:>11.0f}us"
               f"{r['proxy_mean_us']:>10.0f}us{r['direct_p99_us']:>10.0f}us{r['proxy_p99_us']:>9.0f}us"
               f"{r['ratio_p50']:>10.2f}x{r['direct_rps']:>14.0f}{r['proxy_rps']:>13.0f}")
+    if args.guard:
+        print("guard arm (every policy, observe mode; measured and guarded on the relay path):")
+        print(f"{'transport':<10}{'result':>8}{'guard p50':>11}{'added p50':>11}{'added p95':>11}{'guard mean':>12}"
+              f"{'guard p99':>11}{'guard req/s':>13}  (plain proxy added p50)")
+        for r in rows:
+            print(f"{r['transport']:<10}{r['result']:>8}{r['guard_p50_us']:>9.0f}us{r['guard_added_p50_us']:>9.0f}us"
+                  f"{r['guard_added_p95_us']:>9.0f}us{r['guard_mean_us']:>10.0f}us{r['guard_p99_us']:>9.0f}us"
+                  f"{r['guard_rps']:>13.0f}  ({r['added_p50_us']:.0f}us)")
     limits = {"stdio": 300.0, "HTTP": 1000.0}
     for r in rows:
         if r["result"] == "2 KB":

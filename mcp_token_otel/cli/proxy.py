@@ -102,9 +102,15 @@ def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
 
 
 def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
-    """The measuring side, in its own process (its CPU time never holds the relay's GIL)."""
+    """The measuring side, in its own process (its CPU time never holds the relay's GIL); with guards on
+    (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements."""
+    from ..adapters.proxy.guard import proxy_guarded
     from ..adapters.proxy.measure_process import RemoteTelemetry
 
+    if proxy_guarded(config):
+        from ..adapters.proxy.telemetry import Telemetry
+
+        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=args.metrics_port, guard=True)
     return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
 
 

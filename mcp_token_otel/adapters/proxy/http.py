@@ -30,6 +30,7 @@ import urllib.parse
 from collections import OrderedDict
 from typing import Any
 
+from .guard import BodyGuard, SseGuard
 from .inject import Injector
 from .jsonrpc import A_SERVER_NAME, BODY, C2S, S2C, SSE
 from .telemetry import StartupError, check_port_free
@@ -270,6 +271,8 @@ class Relay:
         self.connections: set[asyncio.Task[Any]] = set()
         self.idle: set[asyncio.Task[Any] | None] = set()
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
+        #: Guards on (guard.py): request bodies that may be refused and response bodies are guarded on the path.
+        self.guard = getattr(telemetry.measurer, "guarded", False) is True
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
 
@@ -434,6 +437,20 @@ class Relay:
                 if new is not body:
                     body = new
                     length = len(body)
+            if self.guard and up is not None and (b'"tools/call"' in body or b'"result"' in body):
+                # What a guard may refuse (a tools/call) or change (the client's result to a server's request)
+                # is handled before it goes upstream; other requests are measured after the response head, as
+                # without guards (an initialize's span then carries the session it created).
+                forward, reply = measurer.message(up, body)
+                up = None  # handled
+                if reply is not None:  # refused: the proxy answers, the server never sees the call
+                    if tracker is not None and session_id is None:
+                        measurer.close_tracker(tracker)
+                    await _answer_json(writer, reply, keep)
+                    return keep, b""
+                if forward is not None and forward is not body:
+                    body = forward
+                    length = len(body)
             out.append(b"content-length: %d\r\n" % length)
         elif length is not None:
             out.append(b"content-length: %d\r\n" % length)
@@ -484,10 +501,23 @@ class Relay:
             rout.append(b"\r\n")
             rhead = b"".join(rout)
             down = self._response_stream(tracker, status, rheaders) if not no_body else None
+            guard = None  # guards on: the response is held whole (a JSON body) or by event (SSE), guarded
+            if self.guard and down is not None:
+                guard = SseGuard(measurer, down) if down.framing == SSE else BodyGuard(measurer, down)
             ureader = conn[0]
             response_started = True
             if no_body or rlength == 0:
                 writer.write(rhead)
+                await writer.drain()
+                reusable = not rclose and rversion == b"HTTP/1.1"
+            elif guard is not None and isinstance(guard, BodyGuard) and rlength is not None \
+                    and rlength <= measurer.max_message:
+                body = await ureader.readexactly(rlength)
+                forward = guard.finish_body(body)
+                if forward is not body:  # re-serialised: its own length
+                    rhead = b"".join(line for line in rout[:-1] if not line.lower().startswith(b"content-length:")) \
+                        + b"content-length: %d\r\n\r\n" % len(forward)
+                writer.write(rhead + forward)
                 await writer.drain()
                 reusable = not rclose and rversion == b"HTTP/1.1"
             elif rlength is not None:
@@ -497,7 +527,8 @@ class Relay:
                 # Streams (SSE...): relayed chunk by chunk while watching the client for a disconnect.
                 framed = keep  # chunked towards the client, else until close
                 source = _read_chunked(ureader, CHUNK) if rchunked else _read_eof(ureader)
-                carry, completed = await self._relay_stream(reader, writer, rhead, source, framed, down, measurer)
+                carry, completed = await self._relay_stream(reader, writer, rhead, source, framed, down, measurer,
+                                                            guard)
                 if not completed:
                     return False, b""
                 reusable = rchunked and not rclose and rversion == b"HTTP/1.1"
@@ -603,7 +634,7 @@ class Relay:
 
     async def _relay_stream(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rhead: bytes, source: Any, framed: bool,
-        down: Any, measurer: Any,
+        down: Any, measurer: Any, guard: Any = None,
     ) -> tuple[bytes, bool]:
         """Relay a stream until it ends or the client leaves; (bytes read ahead, completed)."""
         writer.write(rhead)
@@ -625,9 +656,17 @@ class Relay:
         async def pump() -> None:
             try:
                 async for data in source:
-                    if down is not None:
+                    if guard is not None:  # whole events (or the whole body) go on once guarded
+                        data = guard.feed(data)
+                        if not data:
+                            continue
+                    elif down is not None:
                         measurer.put(down, data)
                     writer.write(b"%x\r\n" % len(data) + data + b"\r\n" if framed else data)
+                    await writer.drain()
+                rest = guard.finish() if guard is not None else b""
+                if rest:
+                    writer.write(b"%x\r\n" % len(rest) + rest + b"\r\n" if framed else rest)
                     await writer.drain()
                 if framed:
                     writer.write(b"0\r\n\r\n")
@@ -700,6 +739,13 @@ async def _copy_length(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             measurer.put(up, data)
         writer.write(data)
         await writer.drain()
+
+
+async def _answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool) -> None:
+    """The proxy's own answer to a POST (a refused tools/call): 200, one JSON-RPC response."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+                 + (b"" if keep else b"connection: close\r\n") + b"\r\n" + body)
+    await writer.drain()
 
 
 def _plain(status: int, reason: bytes, body: bytes, close: bool) -> bytes:

@@ -1,5 +1,8 @@
 """Framing and pairing of JSON-RPC messages the proxy has already forwarded (runs on the measuring thread).
 
+With guards on (guard.py) the same trackers run on the relay path instead, one whole message at a time
+(:meth:`Tracker.guarded`), before the message is forwarded.
+
 A :class:`MessageStream` is one direction of one byte stream (a stdio pipe, an HTTP body, an SSE stream);
 it turns the chunks the relay forwarded into whole JSON-RPC messages. A :class:`Tracker` is one MCP session:
 it pairs requests with responses by id in both directions (server-to-client requests too), opens a span per
@@ -38,6 +41,10 @@ KINDS = ("request", "response", "notification", "invalid", "unmatched")
 A_SERVER_NAME = "mcp_token.server.name"
 
 LINES, BODY, SSE = "lines", "body", "sse"
+#: A 2026-era request names its protocol version in ``params._meta`` (sessionless: no initialize tells it).
+PROTOCOL_META_KEY = "io.modelcontextprotocol/protocolVersion"
+#: The first protocol version whose results carry ``resultType`` (versions are dates: they compare as strings).
+RESULT_TYPE_SINCE = "2026-07-28"
 DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
 MAX_PENDING = 10_000
 
@@ -70,6 +77,7 @@ class Pending:
     method: str
     tool: str | None
     started: int | None = None  # time_ns() the request went through (the operation duration's start)
+    arguments: Any = None  # guard mode: the call's arguments (the cap's pagination hint needs them)
 
 
 class MessageStream:
@@ -162,6 +170,12 @@ class MessageStream:
             self._data.append(value[1:] if value.startswith(b" ") else value)
 
 
+def dumps(message: Any) -> bytes:
+    """A message the proxy writes itself (a refusal, a guarded result): compact JSON, UTF-8. Raises ValueError
+    for what JSON cannot carry (NaN, a lone surrogate): the caller forwards the original bytes."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 def _id_key(value: Any) -> tuple[str, Any] | None:
     # 1 and "1" are different ids; anything unhashable is not a valid id.
     if isinstance(value, bool) or (not isinstance(value, (str, int, float)) and value is not None):
@@ -181,6 +195,7 @@ class Tracker:
         session_id: str | None = None,
         transport: str,
         attributes: Mapping[str, Any] | None = None,
+        guard: bool = False,
     ) -> None:
         self.recorder = recorder
         self.stats = stats
@@ -193,8 +208,10 @@ class Tracker:
         #: Requests the relay injected a context into (--inject-trace-context): id -> (trace id, span id).
         self.injected: dict[tuple[str, Any], tuple[int, int]] = {}
         self.closed = False
+        #: Guard mode (guards on, side "proxy"): messages are handled on the relay path by :meth:`guarded`.
+        self.guard = guard
 
-    # Everything below runs on the measuring thread only.
+    # Everything below runs on the measuring thread only (guard mode: on a relay thread, under the guard lock).
 
     def observe(self, direction: str, raw: bytes, now: int) -> None:
         try:
@@ -203,17 +220,31 @@ class Tracker:
             self.stats.count(direction, "invalid")
             return
         if isinstance(message, list):  # a batch: each element is its own message
-            if not message:
-                self.stats.count(direction, "invalid")
-            for item in message:
-                self._one(direction, item, now)
+            self._batch(direction, message, now)
         else:
             self._one(direction, message, now)
 
-    def _one(self, direction: str, message: Any, now: int) -> None:
+    def _batch(self, direction: str, message: Any, now: int) -> list[Any] | None:
+        """Each element is its own message. In guard mode the results in a batch are guarded (the batch with
+        the changed ones is returned, None: unchanged); its requests are never refused (a batch's answer has
+        no place for the proxy's own)."""
+        if not isinstance(message, list) or not message:
+            self.stats.count(direction, "invalid")
+            return None
+        changed: list[Any] | None = None
+        for index, item in enumerate(message):
+            result = self._one(direction, item, now)
+            if result is not None:
+                if changed is None:
+                    changed = list(message)
+                changed[index] = {**item, "result": result}
+        return changed
+
+    def _one(self, direction: str, message: Any, now: int) -> Any:
+        """One message; in guard mode, a response's changed result (None: unchanged)."""
         if not isinstance(message, dict):
             self.stats.count(direction, "invalid")
-            return
+            return None
         method = message.get("method")
         if isinstance(method, str):
             if "id" in message:
@@ -221,17 +252,21 @@ class Tracker:
             else:
                 self.stats.count(direction, "notification")
                 self.recorder.record_input(None, "proxy", method, message.get("params"))
-            return
+            return None
         if "id" in message and ("result" in message or "error" in message):
-            self._response(direction, message, now)
-            return
+            return self._response(direction, message, now)
         self.stats.count(direction, "invalid")
+        return None
 
-    def _request(self, direction: str, method: str, message: dict[str, Any], now: int) -> None:
+    def _request(self, direction: str, method: str, message: dict[str, Any], now: int,
+                 refuse: bool = False) -> dict[str, Any] | None:
+        """Open the request's span and pair it. ``refuse`` (guard mode, a client's request on its own): the
+        request guards run, and a refusal (the CallToolResult wire dict the proxy answers with) is returned
+        and the request is not paired."""
         key = _id_key(message.get("id"))
         if key is None:
             self.stats.count(direction, "invalid")
-            return
+            return None
         self.stats.count(direction, "request")
         params = message.get("params")
         attrs = call_attributes(
@@ -241,7 +276,18 @@ class Tracker:
         attrs.update(self.attributes)
         forced = self.injected.pop(key, None) if direction == C2S and self.injected else None
         span = self._start_span(method, params, direction, attrs, now, forced)
-        self.recorder.record_input(span, "proxy", method, params, self.session_key)
+        rec = self.recorder
+        # Before the request is recorded: the session limit reads the budget as it stood before this call.
+        refusal = rec.guard_request(span, "proxy", method, params, self.session_key) \
+            if refuse and direction == C2S else None
+        rec.record_input(span, "proxy", method, params, self.session_key)
+        tool = called_tool(method, params)
+        if refusal is not None:  # answered by the proxy: the refusal is the call's output
+            refusal = self._envelope(refusal, params)
+            rec.record_output(span, "proxy", method, tool, result=refusal, session_id=self.session_key,
+                              duration_s=0.0)
+            self._end_span(span, now)
+            return refusal
         pending_key = (direction, key)
         old = self.pending.pop(pending_key, None)
         if old is not None:  # the same id reused before its answer: the first can no longer be paired
@@ -249,32 +295,85 @@ class Tracker:
         elif len(self.pending) >= MAX_PENDING:
             oldest = next(iter(self.pending))
             self._abandon(self.pending.pop(oldest), now, "evicted")
-        self.pending[pending_key] = Pending(span, method, called_tool(method, params), now)
+        arguments = params.get("arguments") if self.guard and tool is not None and isinstance(params, Mapping) \
+            else None
+        self.pending[pending_key] = Pending(span, method, tool, now, arguments)
+        return None
 
-    def _response(self, direction: str, message: dict[str, Any], now: int) -> None:
+    def _envelope(self, refusal: dict[str, Any], params: Any) -> dict[str, Any]:
+        """The refusal shaped as the request's protocol shapes a result: since 2026-07-28 a result carries its
+        ``resultType`` (the server would have added it; here the proxy answers)."""
+        meta = params.get("_meta") if isinstance(params, Mapping) else None
+        version = meta.get(PROTOCOL_META_KEY) if isinstance(meta, Mapping) else None
+        if not isinstance(version, str):
+            version = self.protocol_version
+        if isinstance(version, str) and version >= RESULT_TYPE_SINCE and "resultType" not in refusal:
+            return {**refusal, "resultType": "complete"}
+        return refusal
+
+    def _response(self, direction: str, message: dict[str, Any], now: int) -> Any:
+        """Pair a response with its request and record it. In guard mode a result goes through the guards
+        (tools/list teaches them the tools): the result to deliver instead is returned (None: as it is)."""
         key = _id_key(message.get("id"))
         request_direction = S2C if direction == C2S else C2S
         pending = self.pending.pop((request_direction, key), None) if key is not None else None
         if pending is None:
             self.stats.count(direction, "unmatched")
-            return
+            return None
         self.stats.count(direction, "response")
         rec = self.recorder
         error = message.get("error")
         duration = max(0, now - pending.started) / 1e9 if pending.started is not None else None
+        changed: Any = None
         if error is not None:
             rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
                               session_id=self.session_key, duration_s=duration)
         else:
             result = message.get("result")
-            rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
-                              session_id=self.session_key, duration_s=duration)
+            if self.guard:  # every result a guard may change: what the counters say is what is delivered
+                _, deliver = rec.record_guarded_output(
+                    pending.span, "proxy", pending.method, pending.tool, result, self.session_key,
+                    arguments=pending.arguments, duration_s=duration)
+                if deliver is not result:
+                    changed = deliver
+            else:
+                rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
+                                  session_id=self.session_key, duration_s=duration)
             if pending.method == "initialize" and isinstance(result, Mapping):
                 version = result.get("protocolVersion")
                 if isinstance(version, str):
                     self.protocol_version = version
                     rec.set_attributes(pending.span, {A_PROTOCOL: version})
         self._end_span(pending.span, now)
+        return changed
+
+    def guarded(self, direction: str, raw: bytes, now: int) -> tuple[bytes | None, bytes | None]:
+        """Guard mode, on the relay path: one whole message, before it is forwarded. Returns (what to forward,
+        None: nothing; what to answer its sender with, None: nothing). ``raw`` itself when unchanged.
+
+        A client's ``tools/call`` may be refused (answered here, not forwarded); a result may come back
+        changed (re-serialised, compact). In a batch only the results are guarded."""
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):
+            self.stats.count(direction, "invalid")
+            return raw, None
+        if not isinstance(message, dict):
+            batch = self._batch(direction, message, now)
+            return (raw if batch is None else dumps(batch)), None
+        method = message.get("method")
+        if isinstance(method, str) and "id" in message:
+            refusal = self._request(direction, method, message, now, refuse=self.guard)
+            if refusal is None:
+                return raw, None
+            return None, dumps({"jsonrpc": message.get("jsonrpc", "2.0"), "id": message["id"], "result": refusal})
+        if "id" in message and ("result" in message or "error" in message):
+            changed = self._response(direction, message, now)
+            if changed is None:
+                return raw, None
+            return dumps({**message, "result": changed}), None
+        self._one(direction, message, now)
+        return raw, None
 
     def close(self, now: int) -> None:
         """The session is over: requests never answered end with an error; the budget closes."""

@@ -90,15 +90,32 @@ class StdioProxy:
         up = measurer.stream(tracker, C2S, LINES)
         down = measurer.stream(tracker, S2C, LINES)
         child_in, child_out = proc.stdin.fileno(), proc.stdout.fileno()
-        rewrite = LineInjector(Injector(measurer), tracker) if self.inject else None
-        t_up = threading.Thread(
-            target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended, rewrite),
-            name="proxy-client-to-server", daemon=True,
-        )
-        t_down = threading.Thread(
-            target=self._pump, args=(child_out, self.stdout_fd, down, "server", self._server_ended),
-            name="proxy-server-to-client", daemon=True,
-        )
+        if getattr(measurer, "guarded", False) is True:  # guards on: whole lines, guarded before they go on
+            from .guard import LineGuard
+
+            injector = Injector(measurer)
+            inject = (lambda body: injector.rewrite_body(tracker, body)) if self.inject else None
+            out_lock = threading.Lock()  # the client's stdout: server lines and the proxy's own answers
+            t_up = threading.Thread(
+                target=self._guard_pump, args=(self.stdin_fd, child_in, LineGuard(measurer, up, inject),
+                                               self._client_ended, out_lock),
+                name="proxy-client-to-server", daemon=True,
+            )
+            t_down = threading.Thread(
+                target=self._guard_pump, args=(child_out, self.stdout_fd, LineGuard(measurer, down),
+                                               self._server_ended, out_lock),
+                name="proxy-server-to-client", daemon=True,
+            )
+        else:
+            rewrite = LineInjector(Injector(measurer), tracker) if self.inject else None
+            t_up = threading.Thread(
+                target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended, rewrite),
+                name="proxy-client-to-server", daemon=True,
+            )
+            t_down = threading.Thread(
+                target=self._pump, args=(child_out, self.stdout_fd, down, "server", self._server_ended),
+                name="proxy-server-to-client", daemon=True,
+            )
         previous = self._forward_signals()
         try:
             t_up.start()
@@ -147,6 +164,52 @@ class StdioProxy:
                     break
         finally:
             measurer.finish(stream)
+            ended(why)
+
+    def _guard_pump(self, src: int, dst: int, lines: Any, ended: Callable[[str], None],
+                    out_lock: threading.Lock) -> None:
+        """Guard mode: whole lines, each guarded before it is written on. The client's stdout takes the server's
+        lines and the proxy's own answers (refusals) from two threads: a line is written whole under
+        ``out_lock`` (an over-long line passing in pieces keeps the lock until its end)."""
+        measurer = self.telemetry.measurer
+        to_client = dst == self.stdout_fd
+        why = "eof"
+        holding = False
+        try:
+            while True:
+                try:
+                    chunk = os.read(src, CHUNK)
+                except OSError as exc:
+                    why = f"read error: {exc.strerror}"
+                    break
+                if chunk:
+                    forward, reply = lines.feed(chunk)
+                else:
+                    forward, reply = lines.flush()
+                if reply:  # a refused request: answered to the client, never sent to the server
+                    try:
+                        with out_lock:
+                            _write_all(self.stdout_fd, reply)
+                    except OSError:
+                        pass  # the client is gone: the other relay sees it too
+                try:
+                    if forward:
+                        if to_client and not holding:
+                            out_lock.acquire()
+                            holding = True
+                        _write_all(dst, forward)
+                    if holding and not lines.passing:
+                        out_lock.release()
+                        holding = False
+                except OSError as exc:
+                    why = "peer closed" if exc.errno in (errno.EPIPE, errno.EBADF) else f"write error: {exc.strerror}"
+                    break
+                if not chunk:
+                    break
+        finally:
+            if holding:
+                out_lock.release()
+            measurer.finish(lines.stream)
             ended(why)
 
     def _client_ended(self, why: str) -> None:

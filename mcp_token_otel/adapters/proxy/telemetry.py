@@ -106,7 +106,8 @@ def _otel_counters(stats: ProxyStats) -> None:
 class Telemetry:
     """Everything measuring needs, and its orderly shutdown (flush spans and metrics before exit)."""
 
-    def __init__(self, config: Config, server_name: str, *, metrics_host: str | None, metrics_port: int | None):
+    def __init__(self, config: Config, server_name: str, *, metrics_host: str | None, metrics_port: int | None,
+                 guard: bool = False):
         self.configured = False
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
@@ -131,7 +132,12 @@ class Telemetry:
             _otel_counters(self.stats)
         except Exception:
             logger.debug("mcp_token_otel proxy: no OTel proxy counters", exc_info=True)
-        self.measurer = Measurer(self.recorder, self.stats)
+        if guard:  # guards act on the relay path: measured there, at once (guard.py)
+            from .guard import GuardMeasurer
+
+            self.measurer: Any = GuardMeasurer(self.recorder, self.stats)
+        else:
+            self.measurer = Measurer(self.recorder, self.stats)
 
     @property
     def metrics_port(self) -> int | None:
