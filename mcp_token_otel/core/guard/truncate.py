@@ -8,7 +8,11 @@
 * JSON (``structuredContent``, and a text block whose text is a JSON object or array) is cut
   structurally: arrays lose whole items from the end (never below the schema's ``minItems``), long
   strings are shortened only where the schema puts no pattern/format/enum/const/minLength on them.
-  The value stays JSON and, for the schema keywords honoured here, still validates.
+  The value stays JSON and, for the schema keywords honoured here, still validates. When that cannot
+  reach the budget (more than 64 arrays, deeper than 6 levels, only short values) and no schema is known,
+  the value is cut to a document-order prefix with every open container closed (any width or depth,
+  iterative, costing what is kept). JSON text too deep or too large to parse is cut as text, and the
+  notice says it is no longer JSON.
 * Image, audio and blob blocks that do not fit are replaced by a notice.
 
 Accounting follows :func:`mcp_token_otel.core.measure.measure_result` block by block (same estimator,
@@ -32,11 +36,22 @@ MAX_JSON_PARSE_CHARS = 8 << 20
 #: Arrays searched for when cutting a JSON value, and how deep.
 _MAX_ARRAYS = 64
 _MAX_DEPTH = 6
+#: Object members looked at while searching for them (a 100,000-key object is left to the prefix cut).
+_MAX_MEMBERS = 4096
 #: Text is cut by whole chunks of this many characters first, then by binary search inside one.
 _CHUNK = 4096
 #: A line or word end this close before the cut point is preferred to a cut mid-word.
 _LINE_LOOKBACK = 256
 _WORD_LOOKBACK = 48
+#: Whole-value measures the array phase of cut_json may spend (each measures the value being cut).
+_MAX_MEASURES = 48
+#: Probes of the document-order prefix cut (gallop, then bisect to within 1/64 of the kept size).
+_MAX_PROBES = 40
+#: A string the prefix cut reaches last is kept shortened when at least this many characters fit.
+_MIN_STRING_KEEP = 16
+#: Keys longer than this are shortened in the JSON pointers a notice quotes; deep paths are elided.
+_POINTER_KEY_CHARS = 32
+_POINTER_PARTS = 8
 # Schema keywords under which a string must not be shortened.
 _STRING_LOCKS = ("pattern", "format", "enum", "const", "contentEncoding", "contentMediaType")
 
@@ -184,18 +199,23 @@ class _Found:
     tokens: int
 
 
-def _find(value: Any, schema: Any, estimator: Estimator, want: type) -> list[_Found]:
+def _find(value: Any, schema: Any, measure: Callable[[Any], int], want: type) -> list[_Found]:
     """Arrays (want=list) or long strings (want=str) inside ``value``, with their schema nodes, largest first.
-    Objects are walked by key; arrays are not walked into (their items are cut whole)."""
+    Objects are walked by key; arrays are not walked into (their items are cut whole). At most
+    ``_MAX_MEMBERS`` object members are looked at: a wider value is left to the prefix cut."""
     root = schema
     found: list[_Found] = []
     stack: list[tuple[Path, Any, list[Mapping[str, Any]]]] = [((), value, _resolve(schema, root))]
-    while stack and len(found) < _MAX_ARRAYS:
+    seen = 0
+    while stack and len(found) < _MAX_ARRAYS and seen < _MAX_MEMBERS:
         path, node, nodes = stack.pop()
         if isinstance(node, want) and (want is list or len(node) > 64):
-            found.append(_Found(path, node, nodes, size_value(node, estimator).tokens))
+            found.append(_Found(path, node, nodes, measure(node)))
         if isinstance(node, dict) and len(path) < _MAX_DEPTH:
             for key, child in node.items():
+                seen += 1
+                if seen > _MAX_MEMBERS:
+                    break
                 if isinstance(child, (dict, list, str)):
                     stack.append(((*path, key), child, _child_schemas(nodes, key, root)))
     found.sort(key=lambda f: f.tokens, reverse=True)
@@ -213,7 +233,19 @@ def _replace(value: Any, path: Path, new: Any) -> Any:
 
 
 def _pointer(path: Path) -> str:
-    return "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in path) if path else ""
+    """A JSON pointer for a notice: long keys shortened and a deep path elided, so a hostile shape cannot make
+    the notice itself long."""
+    def part(p: str | int) -> str:
+        text = str(p).replace("~", "~0").replace("/", "~1")
+        return text if len(text) <= _POINTER_KEY_CHARS else text[: _POINTER_KEY_CHARS - 1] + "\u2026"
+
+    if not path:
+        return ""
+    if len(path) <= _POINTER_PARTS:
+        return "/" + "/".join(part(p) for p in path)
+    head = "/".join(part(p) for p in path[:3])
+    tail = "/".join(part(p) for p in path[-2:])
+    return f"/{head}/\u2026/{tail} (depth {len(path):,})"
 
 
 @dataclass(slots=True)
@@ -224,39 +256,156 @@ class JsonCut:
     arrays: list[tuple[str, int, int]] = field(default_factory=list)
     #: JSON pointers of strings shortened.
     strings: list[str] = field(default_factory=list)
+    #: Set when the value was cut to a document-order prefix (the fallback): the pointer where it ends early.
+    cut_at: str | None = None
+
+
+def _add(dst: Any, key: Any, value: Any) -> None:
+    if isinstance(dst, dict):
+        dst[key] = value
+    else:
+        dst.append(value)
+
+
+def _members(node: Any) -> Any:
+    return iter(node.items()) if isinstance(node, dict) else enumerate(node)
+
+
+def _scalar_chars(value: Any) -> int:
+    """About the length of a scalar's JSON (escapes are not counted: the caller measures the result)."""
+    if isinstance(value, str):
+        return len(value) + 2
+    if value is None or value is True:
+        return 4
+    if value is False:
+        return 5
+    if isinstance(value, (int, float)):
+        return len(repr(value))
+    return 8  # another type: only its measured size counts
+
+
+def prefix_value(value: Any, max_chars: int) -> tuple[Any, bool, Path]:
+    """The document-order prefix of ``value`` whose compact JSON is about ``max_chars`` characters long.
+
+    Every container keeps its first members or items; the one where the room runs out is left out, or cut
+    the same way when it is a container (a string is shortened when at least a few characters fit), and every
+    container opened is closed, so the prefix is valid JSON of any width and depth. Iterative (no recursion
+    limit) and bounded by ``max_chars``: every member kept costs at least one character, so a 100,000-key
+    object or a 10,000-deep nesting costs what is kept, not what there is. Returns (prefix, complete, path of
+    the place it ends early)."""
+    if not isinstance(value, (dict, list, tuple)):
+        if isinstance(value, str) and len(value) + 2 > max_chars:
+            return value[: safe_boundary(value, max(0, max_chars - 2))], False, ()
+        return value, True, ()
+    root: Any = {} if isinstance(value, dict) else []
+    spent = 2
+    # Frames: (members still to visit, the copy being filled, the key of this container in its parent).
+    stack: list[tuple[Any, Any, Any]] = [(_members(value), root, None)]
+
+    def where(*last: Any) -> Path:
+        return (*(frame[2] for frame in stack[1:]), *last)
+
+    while stack:
+        members, dst, _ = stack[-1]
+        member = next(members, None)
+        if member is None:
+            stack.pop()
+            continue
+        key, child = member
+        cost = (1 if dst else 0) + (len(str(key)) + 3 if isinstance(dst, dict) else 0)
+        if isinstance(child, (dict, list, tuple)):
+            if spent + cost + 2 > max_chars:
+                return root, False, where()
+            new: Any = {} if isinstance(child, dict) else []
+            _add(dst, key, new)
+            spent += cost + 2
+            stack.append((_members(child), new, key))
+            continue
+        size = cost + _scalar_chars(child)
+        if spent + size <= max_chars:
+            _add(dst, key, child)
+            spent += size
+            continue
+        room = max_chars - spent - cost - 2
+        if isinstance(child, str) and room >= _MIN_STRING_KEEP:
+            _add(dst, key, child[: safe_boundary(child, room)])
+            return root, False, where(key)
+        return root, False, where()
+    return root, True, ()
+
+
+def prefix_cut(value: Any, max_tokens: int, measure: Callable[[Any], int]) -> tuple[Any, int, Path] | None:
+    """The longest document-order prefix of ``value`` (see :func:`prefix_value`) that measures at most
+    ``max_tokens``: a gallop then a bisection on its length, at most ``_MAX_PROBES`` probes, each costing
+    what it keeps. None when not even the empty container fits."""
+    best: tuple[Any, int, Path] | None = None
+    lo, hi = 0, 0  # the longest length known to fit, the shortest known not to (0: none yet)
+    chars = max(16, max_tokens * 4)
+    for _ in range(_MAX_PROBES):
+        prefix, complete, path = prefix_value(value, chars)
+        tokens = measure(prefix)
+        if tokens <= max_tokens:
+            best, lo = (prefix, tokens, path), chars
+            if complete or tokens >= max_tokens - max_tokens // 32:  # within 3% of the budget: done
+                break
+        else:
+            hi = chars
+        if hi and hi - lo <= max(2, lo // 64):
+            break
+        # Tokens grow about in proportion to the length kept: aim just under the budget, bisect if that
+        # lands outside the bracket.
+        guess = max(2, chars * (max_tokens - max_tokens // 64) // max(1, tokens))
+        if hi:
+            chars = guess if lo < guess < hi else max(2, (lo + hi) // 2)
+        else:
+            chars = max(guess, chars * 2)
+        if chars in (lo, hi):  # the empty container was tried (and did not fit, or is all that fits)
+            break
+    return best
 
 
 def cut_json(
     value: Any, max_tokens: int, measure: Callable[[Any], int], estimator: Estimator, schema: Any = None,
+    *, prefix_ok: bool | None = None, tokens: int | None = None,
 ) -> JsonCut:
     """Cut ``value`` until ``measure(value) <= max_tokens`` (or nothing more may be cut) keeping it valid JSON
     and within ``schema`` (minItems, string constraints). ``measure`` is how the value is counted (its
-    JSON text, or ``size_value``)."""
-    tokens = measure(value)
+    JSON text, or ``size_value``).
+
+    Arrays are cut to whole items from the end, then long strings shortened. When that cannot reach the budget
+    (more than 64 arrays, deeper than 6 levels, only short values) and ``prefix_ok`` (default: no schema to
+    honour), the value is cut to a document-order prefix instead (:func:`prefix_cut`), which reaches any budget
+    that fits an empty container. The work is bounded: whole-value measures are counted, and a phase that
+    cannot reach the budget even by removing everything it may cut is skipped. ``tokens``: the value's measure
+    when the caller has it."""
+    prefix_ok = schema is None if prefix_ok is None else prefix_ok
+    tokens = measure(value) if tokens is None else tokens
     out = JsonCut(value, tokens)
     if tokens <= max_tokens:
         return out
-    for found in _find(value, schema, estimator, list):
-        if out.tokens <= max_tokens:
+    measures = 0
+    # Sized with ``measure`` so the parts compare with the whole (an indented text counts its indentation).
+    arrays = _find(value, schema, measure, list)
+    if prefix_ok and tokens - sum(f.tokens for f in arrays) > max_tokens + tokens // 4:
+        arrays = []  # even emptying every array found leaves it above the budget: go to the fallback
+    for found in arrays:
+        if out.tokens <= max_tokens or measures >= _MAX_MEASURES:
             break
         items: list[Any] = found.value
         floor = min(len(items), _min_items(found.schemas))
         if floor >= len(items):  # the schema wants every item there is
             continue
-        # Item sizes give the first guess; the whole is measured again to confirm (sizes are near additive),
-        # then the largest count that fits is found by galloping from the guess and bisecting.
-        over = out.tokens - max_tokens
-        guess = len(items)
-        dropped = 0
-        while guess > floor and dropped < over:
-            guess -= 1
-            dropped += size_value(items[guess], estimator).tokens
+        # First guess: the share of the items that the room left by the rest of the value pays for (sizes are
+        # near additive); then the largest count that fits is found by bisecting around it.
+        room = max_tokens - (out.tokens - found.tokens)
+        guess = floor + (len(items) - floor) * max(0, room) // max(1, found.tokens)
         best: tuple[int, Any, int] | None = None
 
         def fits(count: int, path: Path = found.path, items: list[Any] = items) -> bool:
-            nonlocal best
+            nonlocal best, measures
             trial = _replace(out.value, path, items[:count])
             trial_tokens = measure(trial)
+            measures += 1
             if trial_tokens <= max_tokens:
                 if best is None or count > best[0]:
                     best = (count, trial, trial_tokens)
@@ -271,7 +420,7 @@ def cut_json(
                 hi = lo
         else:
             hi = guess
-        while lo < hi:
+        while lo < hi and measures < _MAX_MEASURES:
             mid = (lo + hi) // 2
             if fits(mid):
                 lo = mid + 1
@@ -280,12 +429,15 @@ def cut_json(
         if best is None:  # even the floor does not fit: keep the floor, go on with other arrays
             trial = _replace(out.value, found.path, items[:floor])
             best = (floor, trial, measure(trial))
+            measures += 1
         kept, out.value, out.tokens = best
         if kept < len(items):
             out.arrays.append((_pointer(found.path), kept, len(items)))
-        value = out.value
     if out.tokens > max_tokens:
-        for found in _find(out.value, schema, estimator, str):
+        strings = _find(out.value, schema, measure, str)
+        if prefix_ok and out.tokens - sum(f.tokens for f in strings) > max_tokens + out.tokens // 4:
+            strings = []
+        for found in strings:
             if out.tokens <= max_tokens:
                 break
             allowed, min_length = _string_cuttable(found.schemas)
@@ -302,29 +454,59 @@ def cut_json(
                 out.value = _replace(out.value, found.path, prefix)
                 out.tokens = measure(out.value)
                 out.strings.append(_pointer(found.path))
+    # The fallback, when the cuts above could not reach the budget or kept little of it (whole items of an array
+    # whose few items are each large). It starts again from the whole value, so the notice describes one cut.
+    if prefix_ok and (out.tokens > max_tokens or out.tokens < max_tokens // 2):
+        cut = prefix_cut(value, max_tokens, measure)
+        if cut is not None and (out.tokens > max_tokens or cut[1] > out.tokens + max_tokens // 4):
+            out = JsonCut(cut[0], cut[1], cut_at=_pointer(cut[2]))
     return out
+
+
+def _dumper(original: str) -> Callable[[Any], str]:
+    """Writes JSON in the style of the text it replaces (indented or compact); the style is read once."""
+    if "\n" in original.strip():
+        return lambda value: json.dumps(value, ensure_ascii=False, indent=2)
+    if ", " in original or ": " in original:
+        return lambda value: json.dumps(value, ensure_ascii=False)
+    return lambda value: json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _dumps_like(value: Any, original: str) -> str:
     """JSON text of ``value`` in the style of the text it replaces (indented or compact)."""
-    if "\n" in original.strip():
-        return json.dumps(value, ensure_ascii=False, indent=2)
-    if ", " in original or ": " in original:
-        return json.dumps(value, ensure_ascii=False)
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _dumper(original)(value)
 
 
 _NOT_JSON = object()
+#: Text that starts like JSON but is too large or too deeply nested to parse here: it can only be cut as text.
+_UNPARSED = object()
 
 
 def _parse(text: str) -> Any:
     stripped = text.lstrip()
-    if not stripped or stripped[0] not in "{[" or len(text) > MAX_JSON_PARSE_CHARS:
+    if not stripped or stripped[0] not in "{[":
         return _NOT_JSON
+    if len(text) > MAX_JSON_PARSE_CHARS:
+        return _UNPARSED
     try:
         return json.loads(text)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        return _UNPARSED
+    except ValueError:
         return _NOT_JSON
+
+
+def _cut_json_text(
+    text: str, parsed: Any, budget: int, estimator: Estimator, tokens: int,
+) -> tuple[str, JsonCut] | None:
+    """A JSON text block cut as JSON (valid JSON in the same style), or None when that cannot fit ``budget``."""
+    dump = _dumper(text)
+    try:
+        cut = cut_json(parsed, budget, lambda v: estimator(dump(v)), estimator, prefix_ok=True, tokens=tokens)
+        new_text = dump(cut.value)
+    except RecursionError:  # nested about as deep as the parser allows: the writer runs out of stack
+        return None
+    return (new_text, cut) if cut.tokens <= budget else None
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -343,6 +525,10 @@ class CapReport:
     media_replaced: int = 0
     arrays: list[tuple[str, int, int]] = field(default_factory=list)
     strings: list[str] = field(default_factory=list)
+    #: (where, JSON pointer) of each JSON value cut to a document-order prefix (the wide/deep fallback).
+    prefixes: list[tuple[str, str]] = field(default_factory=list)
+    #: Text blocks that looked like JSON too large or too deep to parse, cut as plain text (no longer JSON).
+    json_as_text: list[str] = field(default_factory=list)
     #: The cut could not reach the cap (minItems or constrained strings): tokens above it.
     over_cap_tokens: int = 0
     #: An outputSchema constrained the cut (else only the JSON's shape can keep it above the cap).
@@ -360,12 +546,15 @@ def _duplicate_index(content: list[Any], structured: Any) -> tuple[int, bool] | 
         if wrapped is not None and wrapped is not _NOT_JSON and isinstance(wrapped, str) and wrapped == text:
             return index, True
         parsed = _parse(text)
-        if parsed is _NOT_JSON:
+        if parsed is _NOT_JSON or parsed is _UNPARSED:
             continue
-        if parsed == structured:
-            return index, False
-        if wrapped is not None and parsed == wrapped:
-            return index, True
+        try:
+            if parsed == structured:
+                return index, False
+            if wrapped is not None and parsed == wrapped:
+                return index, True
+        except RecursionError:  # both nested beyond the comparison's stack: not a duplicate worth keeping equal
+            continue
     return None
 
 
@@ -381,7 +570,11 @@ def cap_result(
     arguments: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any] | None, CapReport]:
     """Cut a tools/call result to ``cap`` data tokens. Returns (new result, report); the new result is None
-    when the result fits (then the report's kept_tokens is its total)."""
+    when the result fits (then the report's kept_tokens is its total).
+
+    Without an ``output_schema`` the cut always reaches the cap (plus the notices). With one, only what the
+    schema allows is cut; whatever it forces above its share is taken from the text blocks' share, so only the
+    part the schema itself cannot give up stays above the cap (reported in ``over_cap_tokens``)."""
     m = measurement if measurement is not None else measure_result("tools/call", result, policy=policy)
     report = CapReport(cap, m.data_tokens, kept_tokens=m.data_tokens)
     if m.data_tokens <= cap:
@@ -396,12 +589,24 @@ def cap_result(
     structured_tokens = 0
     if has_structured and duplicate is None and len(m.blocks) > len(content):
         structured_tokens = m.blocks[len(content)].data_tokens
-    # structuredContent that is data of its own gets a share of the cap in proportion to its size.
-    structured_budget = cap * structured_tokens // m.data_tokens if structured_tokens else 0
-    remaining = cap - structured_budget
-    new_content: list[Any] = []
     new_structured = structured
     kept = 0
+    if structured_tokens:
+        # structuredContent that is data of its own gets a share of the cap in proportion to its size, and is
+        # cut first: what its schema keeps above that share comes out of the text blocks' share.
+        structured_budget = max(1, cap * structured_tokens // m.data_tokens)  # room for at least "{}"
+        cut = cut_json(
+            structured, structured_budget, lambda v: size_value(v, estimator).tokens, estimator, output_schema,
+            prefix_ok=output_schema is None, tokens=structured_tokens,
+        )
+        new_structured = cut.value
+        kept += cut.tokens
+        report.arrays.extend(("structuredContent" + p, k, n) for p, k, n in cut.arrays)
+        report.strings.extend("structuredContent" + p for p in cut.strings)
+        if cut.cut_at is not None:
+            report.prefixes.append(("structuredContent", cut.cut_at))
+    remaining = cap - kept
+    new_content: list[Any] = []
     lines = chars = 0  # of the text shown, for the pagination hint
     for index, block in enumerate(content):
         tokens = block_tokens[index] if index < len(block_tokens) else 0
@@ -427,6 +632,7 @@ def cap_result(
         if remaining <= 0 and not is_duplicate:  # the duplicate is cut (to its floor) to keep the pair equal
             report.blocks_dropped += 1
             continue
+        where = f"content[{index}]"
         if kind == "text" and isinstance(block.get("text"), str):
             text = block["text"]
             if is_duplicate and duplicate is not None:
@@ -440,27 +646,35 @@ def cap_result(
                         report.text_blocks_cut += 1
                 else:
                     sub_schema = _wrapped_schema(output_schema) if wrapped else output_schema
-                    cut = cut_json(
-                        inner, max(0, remaining), lambda v, t=text: estimator(_dumps_like(v, t)), estimator, sub_schema
-                    )
-                    new_inner, new_text, tokens_kept = cut.value, _dumps_like(cut.value, text), cut.tokens
+                    dump = _dumper(text)
+                    cut = cut_json(inner, max(0, remaining), lambda v, d=dump: estimator(d(v)), estimator, sub_schema,
+                                   prefix_ok=output_schema is None, tokens=tokens)
+                    new_inner, new_text, tokens_kept = cut.value, dump(cut.value), cut.tokens
                     prefix = "/result" if wrapped else ""
                     report.arrays.extend((prefix + p, k, n) for p, k, n in cut.arrays)
                     report.strings.extend(prefix + p for p in cut.strings)
+                    if cut.cut_at is not None:
+                        report.prefixes.append(("structuredContent", prefix + cut.cut_at))
                 new_structured = {**structured, "result": new_inner} if wrapped else new_inner
             else:
                 parsed = _parse(text)
-                cut = None
-                if parsed is not _NOT_JSON:
-                    cut = cut_json(parsed, remaining, lambda v, t=text: estimator(_dumps_like(v, t)), estimator)
-                if cut is not None and cut.tokens <= remaining:
-                    new_text, tokens_kept = _dumps_like(cut.value, text), cut.tokens
-                    report.arrays.extend((f"content[{index}]" + p, k, n) for p, k, n in cut.arrays)
+                as_json = None
+                if parsed is not _NOT_JSON and parsed is not _UNPARSED:
+                    as_json = _cut_json_text(text, parsed, remaining, estimator, tokens)
+                if as_json is not None:
+                    new_text, cut = as_json
+                    tokens_kept = cut.tokens
+                    report.arrays.extend((where + p, k, n) for p, k, n in cut.arrays)
                     if cut.strings:
                         report.text_blocks_cut += 1
-                else:  # not JSON, or JSON whose skeleton alone is above the budget: cut as text
+                    if cut.cut_at is not None:
+                        report.prefixes.append((where, cut.cut_at))
+                        report.text_blocks_cut += 1
+                else:  # not JSON, or JSON too large or deep to parse here (or to write back): cut as text
                     new_text, tokens_kept = cut_text(text, remaining, estimator, tokens)
                     report.text_blocks_cut += 1
+                    if parsed is not _NOT_JSON:
+                        report.json_as_text.append(where)
             new_content.append({**block, "text": new_text})
             lines += new_text.count("\n")
             chars += len(new_text)
@@ -476,14 +690,6 @@ def cap_result(
             continue
         kept += tokens_kept
         remaining -= tokens_kept
-    if structured_tokens:
-        cut = cut_json(
-            structured, structured_budget, lambda v: size_value(v, estimator).tokens, estimator, output_schema
-        )
-        new_structured = cut.value
-        kept += cut.tokens
-        report.arrays.extend(("structuredContent" + p, k, n) for p, k, n in cut.arrays)
-        report.strings.extend("structuredContent" + p for p in cut.strings)
     report.kept_tokens = kept
     report.over_cap_tokens = max(0, kept - cap)
     report.schema_bound = output_schema is not None
