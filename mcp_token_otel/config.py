@@ -190,6 +190,8 @@ def _expect_type(path: str, value: Any, hint: Any) -> Any:
     if typing.get_origin(hint) is types.UnionType:  # `X | None`: an optional override (guard.tools.*)
         inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         return None if value is None else _expect_type(path, value, inner[0])
+    if typing.get_origin(hint) is list:  # guard.sides
+        return _build_list(value, path)
     if hint is bool:
         ok = isinstance(value, bool)
         words = "true or false"
@@ -269,6 +271,17 @@ def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def _build_list(data: Any, path: str) -> list[str]:
+    """A list of names (guard.sides): a YAML list of strings, or one string of comma-separated names."""
+    if isinstance(data, str):
+        return [part.strip() for part in data.split(",") if part.strip()]
+    if not isinstance(data, list) or not all(isinstance(item, str) for item in data):
+        raise ConfigError(
+            f"config key '{path}': expected a list of names or a comma-separated string, got {_shown(path, data)}"
+        )
+    return list(data)
+
+
 def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
     """Every environment variable name and the key path it sets."""
     out: dict[str, tuple[str, ...]] = {}
@@ -299,7 +312,7 @@ def _env_scalar(raw: str, mapping: bool = False) -> Any:
         value = yaml.safe_load(raw)
     except (yaml.YAMLError, RecursionError):
         return raw
-    if mapping and isinstance(value, dict):
+    if mapping and isinstance(value, (dict, list)):  # a flow mapping or list where the key takes one
         return value
     return value if isinstance(value, (bool, int, float, str)) or value is None else raw
 
@@ -332,7 +345,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         elif leaf_type is bool and raw.strip() in ("0", "1"):
             value = raw.strip() == "1"  # the shell's convention for switches, besides true/false
         else:
-            value = _env_scalar(raw, mapping=typing.get_origin(leaf_type) in (dict, Mapping))
+            value = _env_scalar(raw, mapping=typing.get_origin(leaf_type) in (dict, Mapping, list))
         *parents, leaf = known[name]
         node = data
         for part in parents:

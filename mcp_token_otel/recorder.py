@@ -29,6 +29,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from .config import Config, build_policy
 from .core.budget import BudgetUpdate, SessionBudget, SessionRegistry
+from .core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from .core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
 from .core.measure import Measurement, Policy, measure_error, measure_request, measure_result
 from .core.risk import BREACH_TIERS
@@ -37,6 +38,7 @@ from .emitters.otel_metrics import CallInfo, MetricsSink, OtelMetricsSink
 from .emitters.semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
+    A_COST_USD,
     A_ERROR_TYPE,
     A_ESTIMATOR,
     A_INPUT_TOKENS,
@@ -54,6 +56,7 @@ from .emitters.semconv import (
     A_TOOL_DEFINITION_TOKENS,
     A_TRANSPORT,
     EVENT_BUDGET,
+    EVENT_GUARD,
     EVENT_RISK,
     SCHEMA_URL,
     SCOPE_NAME,
@@ -157,6 +160,17 @@ def _status_description(m: Measurement, result: Any, error: Any) -> str:
     return f"{m.error_type}: {message[:200]}" if isinstance(message, str) and message else str(m.error_type)
 
 
+def _is_refusal(result: Any) -> bool:
+    """A guard's own refusal (its _meta carries the guard key): recorded as the output, never guarded again."""
+    meta = result.get("_meta") if isinstance(result, Mapping) else None
+    return isinstance(meta, Mapping) and META_GUARD_KEY in meta
+
+
+def _rate_key(side: str, session_id: str | None) -> str | None:
+    """The rate limiter's key: per side, so an in-process client and server never count one call twice."""
+    return None if session_id is None else f"{side}:{session_id}"
+
+
 def _budget_attributes(update: BudgetUpdate) -> dict[str, Any]:
     return {
         A_SESSION_TOKENS: update.tokens,
@@ -223,6 +237,13 @@ class TokenRecorder:
             )
             for side in SIDES
         }
+        guard = self.config.guard
+        #: The guard policies (docs/guardrails.md); one engine per recorder, shared by every side.
+        self.guard = GuardEngine(guard, self.policy, max_sessions=budget.max_sessions)
+        self._guard_on = self.guard.active
+        self._guard_sides = frozenset(guard.sides)
+        #: Cost is observability: computed whenever guard.model is set, guard on or off.
+        self._cost_on = bool(guard.model)
         #: In-process fault counts per stage; the one place a fault is visible when the meter itself fails.
         self.error_counts: Counter[str] = Counter()
         self.sinks: list[MetricsSink] = []
@@ -398,6 +419,111 @@ class TokenRecorder:
         self._metrics(side, method, measurement.tool_name, "input", measurement, update, self._server(meta, server))
         return measurement
 
+    # ------------------------------------------------------------------ guards
+
+    @property
+    def guard_active(self) -> bool:
+        """False when no guard mode is on anywhere: adapters skip every guard step (one bool check)."""
+        return self._guard_on
+
+    def guards(self, side: Side) -> bool:
+        """Whether ``side`` runs the guards: a mode is on and ``guard.sides`` lists the side."""
+        return self._guard_on and side in self._guard_sides
+
+    def guard_request(
+        self,
+        span: Span | None,
+        side: Side,
+        method: str,
+        params: Any,
+        session_id: str | None = None,
+        *,
+        server: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Run the request-side guards before a request is sent on or served.
+
+        None: go on. A dict: the CallToolResult wire dict to answer with instead (the tool is not called);
+        record it as the call's output. The actions are counted and put on ``span``. Never raises: a fault
+        is counted (stage ``guard``) and the request goes on."""
+        if not self._guard_on or side not in self._guard_sides or not is_instrumentation_enabled():
+            return None
+        try:
+            budget = self.sessions[side].get(session_id) if session_id is not None else None
+            decision = self.guard.on_request(
+                method, params, session_id=_rate_key(side, session_id), budget=budget
+            )
+        except Exception:
+            self._fault("guard")
+            return None
+        if decision.actions:
+            self._guard_signals(span, side, decision.actions, None, self._server(self._meta(side, session_id, server,
+                                                                                            None), server))
+        return None if decision.allow else decision.result
+
+    def _guard_result(
+        self,
+        side: Side,
+        method: str,
+        tool_name: str | None,
+        result: Any,
+        session_id: str | None,
+        arguments: Mapping[str, Any] | None,
+        m: Measurement,
+    ) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
+        """engine.on_result on a measured result: (result to deliver, actions, tokens entering the context,
+        cost). A fault delivers the result unchanged."""
+        try:
+            budget = self.sessions[side].get(session_id) if session_id is not None else None
+            outcome = self.guard.on_result(
+                method, result, tool=tool_name, arguments=arguments, budget=budget, measurement=m
+            )
+        except Exception:
+            self._fault("guard")
+            return result, (), m.total_tokens, self._cost(m.total_tokens)
+        tokens = outcome.context_tokens if outcome.context_tokens is not None else m.total_tokens
+        return outcome.result, outcome.actions, tokens, outcome.cost_usd
+
+    def _cost(self, tokens: int) -> float | None:
+        if not self._cost_on:
+            return None
+        try:
+            return self.guard.cost_usd(tokens)
+        except Exception:
+            self._fault("guard")
+            return None
+
+    def _guard_signals(
+        self,
+        span: Span | None,
+        side: Side,
+        actions: tuple[GuardAction, ...],
+        cost: tuple[str | None, float] | None,
+        server: str,
+    ) -> None:
+        """Span events (one ``mcp_token.guard`` per action) and the guard counters; ``cost``: (tool, USD)."""
+        try:
+            if span is not None and actions and span.is_recording():
+                for action in actions:
+                    span.add_event(EVENT_GUARD, action.attributes())
+        except Exception:
+            self._fault("span")
+        for action in actions:
+            try:
+                tool = self.tool_names(action.tool, False)
+            except Exception:
+                self._fault("metrics")
+                continue
+            self._emit_rich("record_guard_action", side, server, action.policy, action.action, action.enforced, tool)
+        if cost is not None:
+            try:
+                tool = self.tool_names(cost[0], False)
+            except Exception:
+                self._fault("metrics")
+                return
+            self._emit_rich("record_cost", side, server, tool, cost[1])
+
+    # ------------------------------------------------------------------ responses
+
     def record_output(
         self,
         span: Span | None,
@@ -411,15 +537,58 @@ class TokenRecorder:
         started: float | None = None,
         duration_s: float | None = None,
         server: str | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Measurement | None:
         """Measure a response: ``result`` (wire dict or model) or ``error`` (MCPError/ErrorData/dict).
 
         ``started`` (a ``time.perf_counter()`` value taken when the request went out or came in) or
         ``duration_s`` times the call for the conventions' operation duration; ``server`` is the server's
         own name where the adapter knows it. Nothing is recorded inside a suppression context.
+        With the guards on, a successful result also goes through them (counted, budgeted as delivered):
+        adapters that deliver the guarded result call :meth:`record_guarded_output` instead.
         """
+        return self._output(span, side, method, tool_name, result, error, session_id, started, duration_s, server,
+                            arguments)[0]
+
+    def record_guarded_output(
+        self,
+        span: Span | None,
+        side: Side,
+        method: str,
+        tool_name: str | None,
+        result: Any,
+        session_id: str | None = None,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        started: float | None = None,
+        duration_s: float | None = None,
+        server: str | None = None,
+    ) -> tuple[Measurement | None, Any]:
+        """:meth:`record_output` for a successful result (a wire dict) that returns (measurement, the result to
+        deliver). The result to deliver ``is result`` when no guard changed it, and on any fault.
+
+        Order: measure the server's result, run the result-side guards on it (the session budget as it
+        stands), add what enters the context (the guarded result's tokens) to the budget, then spans and
+        metrics (cost on the span and the cost counter)."""
+        return self._output(span, side, method, tool_name, result, None, session_id, started, duration_s, server,
+                            arguments)
+
+    def _output(
+        self,
+        span: Span | None,
+        side: Side,
+        method: str,
+        tool_name: str | None,
+        result: Any,
+        error: Any,
+        session_id: str | None,
+        started: float | None,
+        duration_s: float | None,
+        server: str | None,
+        arguments: Mapping[str, Any] | None,
+    ) -> tuple[Measurement | None, Any]:
         if not is_instrumentation_enabled():
-            return None
+            return None, result
         if duration_s is None and started is not None:
             duration_s = max(0.0, time.perf_counter() - started)
         try:
@@ -429,8 +598,19 @@ class TokenRecorder:
                 measurement = measure_result(method, result, tool_name=tool_name, policy=self.policy)
         except Exception:
             self._fault("estimate")
-            return None
-        update = self._budget(side, session_id, measurement.total_tokens)
+            return None, result
+        deliver = result
+        tokens = measurement.total_tokens
+        actions: tuple[GuardAction, ...] = ()
+        cost: float | None = None
+        if error is None:
+            if self._guard_on and side in self._guard_sides and not _is_refusal(result):
+                deliver, actions, tokens, cost = self._guard_result(
+                    side, method, tool_name, result, session_id, arguments, measurement
+                )
+            elif self._cost_on:
+                cost = self._cost(tokens)
+        update = self._budget(side, session_id, tokens)
         meta = self._meta(side, session_id, server, None)
         definitions: tuple[int, dict[str, int]] | None = None
         if error is None and method in ("initialize", "tools/list"):
@@ -439,7 +619,7 @@ class TokenRecorder:
         call = CallInfo(measurement.error_type, duration_s)
         try:
             if span is not None and span.is_recording():
-                self._output_on_span(span, measurement, result, update, definitions, error)
+                self._output_on_span(span, measurement, result, update, definitions, error, cost)
                 if duration_s is not None:  # the conventions' metric attributes the span already carries
                     span_attrs = getattr(span, "attributes", None)
                     if isinstance(span_attrs, Mapping):
@@ -455,7 +635,9 @@ class TokenRecorder:
         self._metrics(side, method, tool_name, "output", measurement, update, server_label, call)
         if definitions is not None:
             self._emit_rich("record_tool_definitions", server_label, *definitions)
-        return measurement
+        if actions or cost is not None:
+            self._guard_signals(span, side, actions, (tool_name, cost) if cost is not None else None, server_label)
+        return measurement, deliver
 
     def _from_result(
         self, side: Side, method: str, result: Any, meta: _SessionMeta | None
@@ -538,6 +720,11 @@ class TokenRecorder:
                 self.sessions[side].end(session_id)
         except Exception:
             self._fault("budget")
+        if self._guard_on:
+            try:
+                self.guard.end_session(_rate_key(side, session_id))
+            except Exception:
+                self._fault("guard")
         self._emit_ended()
 
     def states(self) -> dict[str, dict[str, int]]:
@@ -584,6 +771,7 @@ class TokenRecorder:
         update: BudgetUpdate | None,
         definitions: tuple[int, dict[str, int]] | None = None,
         error: Any = None,
+        cost: float | None = None,
     ) -> None:
         attrs: dict[str, Any] = {
             A_OUTPUT_TOKENS: m.total_tokens,
@@ -600,6 +788,8 @@ class TokenRecorder:
                 attrs[A_STATUS_CODE] = m.error_type
         if definitions is not None:
             attrs[A_TOOL_DEFINITION_TOKENS] = definitions[0]
+        if cost is not None:
+            attrs[A_COST_USD] = cost
         if self._capture and m.method == "tools/call" and result is not None:
             content = result.get("content", result) if isinstance(result, Mapping) else result
             attrs[A_RESULT] = _truncate(content, self._max_chars)

@@ -111,3 +111,36 @@ class ShimSlot:
         if self.shim is not None:
             self.shim.uninstall()
             self.shim = None
+
+
+class PendingEvents:
+    """Stands in for a span that is not open yet (a client request is guarded before the SDK opens its span):
+    keeps the events the recorder adds, for :meth:`replay` onto the span once it exists."""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def is_recording(self) -> bool:
+        return True
+
+    def add_event(self, name: str, attributes: Any = None) -> None:
+        self.events.append((name, attributes))
+
+    def replay(self, span: Any) -> None:
+        if span is not None and self.events and span.is_recording():
+            for name, attributes in self.events:
+                span.add_event(name, attributes)
+        self.events.clear()
+
+
+def deliver(original: Any, wire: Any, guarded: Any) -> Any:
+    """What to hand on after the guards: ``original`` when they changed nothing (``guarded is wire``), else the
+    guarded wire dict, validated back into the original's model type when the SDK handed a model. Raises
+    when the guarded dict does not fit the model (the caller counts it and hands on ``original``)."""
+    if guarded is wire:
+        return original
+    if isinstance(original, Mapping):
+        return guarded
+    return type(original).model_validate(guarded, by_name=False)

@@ -47,19 +47,27 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from ..core.guard.limits import chain_depth, with_depth
 from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ..recorder import Side, TokenRecorder
 from ._common import MARK as _MARK
 from ._common import (
     Patches,
+    PendingEvents,
     ShimSlot,
     called_tool,
+    deliver,
     detach,
     extract_parent,
     global_tracing,
     is_mcp_span,
     wire_dict,
 )
+
+try:
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS as _MODERN_VERSIONS
+except ImportError:  # pragma: no cover - an SDK before the 2026 protocol
+    _MODERN_VERSIONS = ()
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +83,28 @@ _SERVER_CALL: contextvars.ContextVar[tuple[str | None, dict[str, Any]] | None] =
 _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
     "mcp_token_client_transport", default=None
 )
+#: Server, guards on: the chain depth of the request whose handler runs (docs/guardrails.md "Chain depth");
+#: requests the handler sends carry one more.
+_DEPTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("mcp_token_depth", default=None)
 #: Server: "pipe" inside stdio_server() (memory and stdio streams look the same to a middleware).
 _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mcp_token_server_transport", default=None
 )
 
+def _envelope(refusal: dict[str, Any], version: Any) -> dict[str, Any]:
+    """A guard's refusal shaped as the negotiated protocol shapes a result: a 2026-era result carries its
+    ``resultType`` (the SDK adds it to handler results; a short-circuiting middleware owns its envelope)."""
+    if version in _MODERN_VERSIONS and "resultType" not in refusal:
+        return {**refusal, "resultType": "complete"}
+    return refusal
+
+
+def _deeper(params: Any) -> Any:
+    """``params`` with the next chain depth when sent from inside a served request (guards on), else as is."""
+    depth = _DEPTH.get()
+    if depth is None or (params is not None and not isinstance(params, Mapping)):
+        return params
+    return with_depth(params, depth + 1)
 
 
 def _parent_context(meta: Any = None) -> Any:
@@ -143,6 +168,10 @@ class OutboundCall:
         self.own: Span | None = None
         self.sdk: Span | None = None  # the SDK's span, whose end waits for the response's measurement
         self.started = False
+        #: Guard events decided before the span exists (replayed onto it in start()).
+        self.pending: PendingEvents | None = None
+        #: The protocol version the session negotiated (shapes a refusal), where the caller knows it.
+        self.version: str | None = None
         self._tokens: tuple[Any, Any] = (None, None)
         self._outer: Span | None = None
         try:
@@ -170,6 +199,8 @@ class OutboundCall:
                 self.own = self.span = rec.start_span(name, SpanKind.CLIENT, self.attrs, context=_parent_context())
                 if activate:
                     self._tokens = _activate(self.own)
+            if self.pending is not None:
+                self.pending.replay(self.span)
         except Exception:
             rec._fault("span")
         rec.record_input(self.span, self.side, self.method, self.params, self.key, attributes=self.input_attrs)
@@ -183,8 +214,20 @@ class OutboundCall:
         rec.end_span(self.sdk)
 
     async def send(self, send: Callable[[], Awaitable[Any]], jsonrpc: bool) -> Any:
-        """Run ``send`` measured: the input once the span is known, the result or the error after it."""
+        """Run ``send`` measured: the input once the span is known, the result or the error after it.
+
+        Guards on: the request is guarded before it is sent (a refusal answers at once; the request is never
+        sent) and the result before it is handed back."""
         rec = self.shim.recorder
+        guarded = rec.guards(self.side)
+        if guarded:
+            self.pending = PendingEvents()
+            refusal = rec.guard_request(self.pending, self.side, self.method, self.params, self.key)
+            if refusal is not None:
+                self.start()
+                refusal = _envelope(refusal, self.version)
+                rec.record_output(self.span, self.side, self.method, self.tool, result=refusal, session_id=self.key)
+                return refusal
         if not jsonrpc:
             self.start(activate=True)
         # Over JSON-RPC the SDK's otel_span hands its span over; a direct send must not pass the slot on
@@ -209,10 +252,20 @@ class OutboundCall:
                 wire = wire_dict(result)
             except Exception:
                 rec._fault("estimate")
-            else:
+                return result
+            if not guarded:
                 rec.record_output(self.span, self.side, self.method, self.tool, result=wire, session_id=self.key,
                                   started=t0)
-            return result
+                return result
+            _, out = rec.record_guarded_output(
+                self.span, self.side, self.method, self.tool, wire, self.key, started=t0,
+                arguments=self.params.get("arguments") if self.tool is not None else None,
+            )
+            try:
+                return deliver(result, wire, out)
+            except Exception:
+                rec._fault("guard")
+                return result
         finally:
             with contextlib.suppress(ValueError):
                 _CAPTURE.reset(capture)
@@ -295,6 +348,15 @@ class TokenMiddleware:
             rec._fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
         server = self._server
+        guarded = ctx.request_id is not None and rec.guards("server")
+        refusal: dict[str, Any] | None = None
+        depth_token: contextvars.Token[int | None] | None = None
+        if guarded:  # on the session's budget before this request is added to it
+            refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
+            try:  # the handler's own requests (nested calls, sampling) carry one more
+                depth_token = _DEPTH.set(chain_depth(params))
+            except Exception:
+                rec._fault("guard")
         rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
         tool = called_tool(method, params)
         tokens = _activate(own)
@@ -305,6 +367,11 @@ class TokenMiddleware:
         server_call = _SERVER_CALL.set((session_key, sends))
         started = time.perf_counter()
         try:
+            if refusal is not None:  # answered by the guard: the handler is not called
+                refusal = _envelope(refusal, ctx.protocol_version)
+                rec.record_output(span, "server", method, tool, result=refusal, session_id=session_key,
+                                  started=started, server=server)
+                return refusal
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
@@ -324,11 +391,24 @@ class TokenMiddleware:
                     wire = wire_dict(result)
                 except Exception:
                     rec._fault("estimate")
-                else:
+                    return result
+                if not guarded:
                     rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
                                       started=started, server=server)
+                    return result
+                _, out = rec.record_guarded_output(
+                    span, "server", method, tool, wire, session_key, started=started, server=server,
+                    arguments=params.get("arguments") if tool is not None else None,
+                )
+                try:
+                    return deliver(result, wire, out)
+                except Exception:
+                    rec._fault("guard")
             return result
         finally:
+            if depth_token is not None:
+                with contextlib.suppress(ValueError):
+                    _DEPTH.reset(depth_token)
             with contextlib.suppress(ValueError):
                 _SERVER_CALL.reset(server_call)
             _deactivate(tokens)
@@ -363,6 +443,11 @@ class DispatcherProxy:
         shim = self._shim
         if not shim.active:
             return await self._inner.send_raw_request(method, params, opts)
+        if shim.recorder.guard_active:
+            try:  # a call a served request's handler makes: one deeper in the chain
+                params = _deeper(params)
+            except Exception:
+                shim.recorder._fault("guard")
         attrs: dict[str, Any] = {}
         try:
             attrs = call_attributes(
@@ -374,6 +459,7 @@ class DispatcherProxy:
         except Exception:
             shim.recorder._fault("span")
         call = OutboundCall(shim, "client", method, params, self._key, attrs, self._http)
+        call.version = self._protocol_version()
         try:
             result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
             if method == "initialize" and isinstance(result, Mapping):
@@ -564,6 +650,13 @@ class V2Shim:
                 jsonrpc = _is_jsonrpc(channel)
             except Exception:
                 shim.recorder._fault("span")
+            if shim.recorder.guard_active and _DEPTH.get() is not None:
+                try:  # the handler's request (sampling, elicitation) carries the next chain depth
+                    deeper = _deeper(params)
+                    request = type(request).model_validate({**data, "params": deeper}, by_name=False)
+                    params = deeper
+                except Exception:
+                    shim.recorder._fault("guard")
             return await shim.server_send(
                 lambda: original(session, request, result_type, *args, **kw), method, params, jsonrpc
             )
@@ -578,6 +671,11 @@ class V2Shim:
             if not shim.active:
                 return await original(connection, method, params, *args, **kw)
             jsonrpc = _is_jsonrpc(getattr(connection, "outbound", None))
+            if shim.recorder.guard_active:
+                try:
+                    params = _deeper(params)
+                except Exception:
+                    shim.recorder._fault("guard")
             return await shim.server_send(
                 lambda: original(connection, method, params, *args, **kw), method, params, jsonrpc
             )

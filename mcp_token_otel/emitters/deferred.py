@@ -93,6 +93,12 @@ class DeferredSink:
     def record_tool_definitions(self, *args: Any) -> None:
         self._enqueue("record_tool_definitions", *args)
 
+    def record_guard_action(self, *args: Any) -> None:
+        self._enqueue("record_guard_action", *args)
+
+    def record_cost(self, *args: Any) -> None:
+        self._enqueue("record_cost", *args)
+
     def flush(self) -> None:
         """Replay everything queued so far (the thread does this every interval)."""
         with self._drain_lock:

@@ -23,6 +23,9 @@ from .semconv import (
     A_TRANSPORT,
     DURATION_BUCKETS,
     M_DIRECTION,
+    M_GUARD_ACTION,
+    M_GUARD_ENFORCED,
+    M_GUARD_POLICY,
     M_SCOPE,
     M_SIDE,
     M_STAGE,
@@ -66,6 +69,10 @@ class ServerAwareSink(Protocol):
     def record_error(self, stage: str) -> None: ...
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None: ...
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None: ...
+    def record_guard_action(
+        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
+    ) -> None: ...
+    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None: ...
 
 
 class CallInfo:
@@ -117,6 +124,8 @@ class OtelMetricsSink:
         self._error_counts = CountFamily(lock, _no_labels)
         self._byte_sums = CountFamily(lock, _no_labels)
         self._call_errors = CountFamily(lock, _no_labels)
+        self._guard_counts = CountFamily(lock, _no_labels)
+        self._cost_sums = CountFamily(lock, _no_labels)
         self._definitions: dict[str, int] = {}
         self._tool_definitions: dict[tuple[str, str], int] = {}
         self._call_attrs: dict[tuple[Any, ...], dict[str, str]] = {}
@@ -231,6 +240,18 @@ class OtelMetricsSink:
             callbacks=[self._observer(self._transition_counts)],
             unit="{transition}",
             description="Sessions entering the warning or exhausted budget state.",
+        )
+        meter.create_observable_counter(
+            "mcp_token.guard.actions",
+            callbacks=[self._observer(self._guard_counts)],
+            unit="{action}",
+            description="Guard actions per policy (enforced false: observe mode, what enforce would have done).",
+        )
+        meter.create_observable_counter(
+            "mcp_token.cost",
+            callbacks=[self._observer(self._cost_sums)],
+            unit="USD",
+            description="Estimated USD of the results that entered the context (guard.model's input price).",
         )
         meter.create_observable_counter(
             "mcp_token.instrumentation.errors",
@@ -358,6 +379,17 @@ class OtelMetricsSink:
 
     def record_error(self, stage: str) -> None:
         self._error_counts.add(((M_STAGE, stage),))
+
+    def record_guard_action(
+        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
+    ) -> None:
+        attrs = ((M_SIDE, side), (M_GUARD_POLICY, policy), (M_GUARD_ACTION, action), (M_GUARD_ENFORCED, enforced),
+                 *_server(server))
+        self._guard_counts.add(attrs + (((A_TOOL, tool),) if tool else ()))
+
+    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None:
+        attrs = ((M_SIDE, side), *_server(server))
+        self._cost_sums.add(attrs + (((A_TOOL, tool),) if tool else ()), usd)
 
 
 def _server(server: str) -> tuple[tuple[str, str], ...]:

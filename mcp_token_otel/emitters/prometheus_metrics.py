@@ -17,6 +17,8 @@ Families (prefix ``mcp_token_``; documented in README):
     tool_definitions_tokens          gauge      server                        (last tools/list, all tools)
     tool_definition_tokens           gauge      server, tool                  (per tool, within the tool bound)
     instrumentation_errors_total     counter    stage
+    guard_actions_total              counter    side, server, policy, action, enforced, tool  (guardrails)
+    cost_usd_total                   counter    side, server, tool            (USD of results entering the context)
     output_rate_budget_tokens_per_second  gauge      scope (tool, service)         (configured, for alerting)
 
 Cardinality: no session id ever; tool and method values arrive bounded by the recorder's limiters and are
@@ -126,6 +128,8 @@ _TIER_LABELS = ("side", "server", "method", "tool", "risk_tier")
 _CALL_LABELS = ("side", "server", "method", "tool", "error_type")
 _SESSION_LABELS = ("side", "server")
 _TRANSITION_LABELS = ("side", "server", "state")
+_GUARD_LABELS = ("side", "server", "policy", "action", "enforced", "tool")
+_COST_LABELS = ("side", "server", "tool")
 _HELP = {
     "message_tokens": "Estimated tokens of one MCP message (input: request params; output: the response).",
     "tokens": "Estimated tokens of MCP messages.",
@@ -145,6 +149,9 @@ _HELP = {
     "definitions": "Estimated tokens of a server's tool definitions (its last tools/list result): what every "
     "conversation pays before the first call.",
     "definition": "Estimated tokens of one tool's definition (tools within the tool-name bound).",
+    "guard": "Guard actions (truncated, refused, warned, found, stripped, annotated) per policy; enforced=false: "
+    "observe mode, what enforce mode would have done.",
+    "cost": "Estimated USD of the results that entered the context (guard.model's input price).",
 }
 
 
@@ -245,6 +252,8 @@ class _AggregateCollector(Collector):
         yield self._counter(
             f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(("stage",), sink._errors)
         )
+        yield self._counter(f"{PREFIX}_guard_actions", _HELP["guard"], self._rows(_GUARD_LABELS, sink._guard))
+        yield self._counter(f"{PREFIX}_cost_usd", _HELP["cost"], self._rows(_COST_LABELS, sink._cost))
         budget = GaugeMetricFamily(f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope"])
         for scope, value in sink.rate_budgets.items():
             budget.add_metric([scope], value)
@@ -294,6 +303,8 @@ class PrometheusMetrics:
         self._call_errors = CountFamily(lock, _named_labels)
         self._transitions = CountFamily(lock, _plain_labels)
         self._errors = CountFamily(lock, _plain_labels)
+        self._guard = CountFamily(lock, _plain_labels)
+        self._cost = CountFamily(lock, _plain_labels)
         #: server -> (total tokens, {tool: tokens}) of its last tools/list result.
         self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
         self._known_outputs: set[tuple[str, str, str, str | None]] = set()
@@ -428,6 +439,24 @@ class PrometheusMetrics:
         else:
             self._errors.add((stage,))
 
+    def record_guard_action(
+        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
+    ) -> None:
+        """One guard action; ``tool`` arrives bounded by the recorder's tool-name limiter."""
+        key = (side, server, policy, action, "true" if enforced else "false", tool or "")
+        if self._files is not None:
+            self._files.guard.labels(*_plain_labels(key)).inc()
+        else:
+            self._guard.add(key)
+
+    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None:
+        """Estimated USD of one result entering the context."""
+        key = (side, server, tool or "")
+        if self._files is not None:
+            self._files.cost.labels(*_plain_labels(key)).inc(usd)
+        else:
+            self._cost.add(key, usd)
+
 
 class _SharedFileFamilies:
     """Multiprocess mode: the same families as prometheus-client objects (their values live in shared files)."""
@@ -466,6 +495,8 @@ class _SharedFileFamilies:
             f"{PREFIX}_session_transitions", _HELP["transitions"], list(_TRANSITION_LABELS), registry=r
         )
         self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], ["stage"], registry=r)
+        self.guard = Counter(f"{PREFIX}_guard_actions", _HELP["guard"], list(_GUARD_LABELS), registry=r)
+        self.cost = Counter(f"{PREFIX}_cost_usd", _HELP["cost"], list(_COST_LABELS), registry=r)
         self.definitions = Gauge(
             f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], ["server"], registry=r, multiprocess_mode="max"
         )

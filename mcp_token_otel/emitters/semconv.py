@@ -96,6 +96,8 @@ A_SESSION_TOKENS = "mcp_token.session.tokens"
 A_SESSION_UTILIZATION = "mcp_token.session.utilization"
 A_SESSION_STATE = "mcp_token.session.state"
 A_ADVISORY = "mcp_token.advisory"
+#: Estimated USD of the response entering the context (guard.model's price; absent without a model).
+A_COST_USD = "mcp_token.cost_usd"
 # Metric attributes.
 M_SIDE = "mcp_token.side"
 M_DIRECTION = "mcp_token.direction"
@@ -103,6 +105,11 @@ M_STAGE = "mcp_token.stage"
 M_SCOPE = "mcp_token.scope"
 EVENT_RISK = "mcp_token.risk"
 EVENT_BUDGET = "mcp_token.budget"
+#: One event per guard action, with GuardAction.attributes() (mcp_token.guard.policy, .action, .enforced, ...).
+EVENT_GUARD = "mcp_token.guard"
+M_GUARD_POLICY = "mcp_token.guard.policy"
+M_GUARD_ACTION = "mcp_token.guard.action"
+M_GUARD_ENFORCED = "mcp_token.guard.enforced"
 
 #: Powers of 4 from 16 to 4 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
 #: message under 16 tokens or over 4 Mi needs no finer bucket), which keeps /metrics small at 100 tools.

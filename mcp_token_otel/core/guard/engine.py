@@ -10,6 +10,7 @@ turning a guard on) both calls return at once.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +43,8 @@ ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 _MAX_CACHED = 4096
+#: A notice block a guard added upstream (the server's shim, then the client's): one short line in brackets.
+_NOTICE = re.compile(r"\[mcp-token-otel(?: security notice)?: [^\n]{1,1500}\]")
 
 
 class BudgetView(Protocol):
@@ -270,7 +273,11 @@ class GuardEngine:
         if method == "tools/call" and tp.max_response_tokens:
             if m is None:
                 m = measure_result(method, result, tool_name=tool, policy=self.policy)
-            if m.data_tokens > tp.max_response_tokens:
+            data = m.data_tokens
+            content = result.get("content")
+            if data > tp.max_response_tokens and isinstance(content, list) and content and _is_notice(content[-1]):
+                data -= self.policy.estimator(content[-1]["text"])  # cut upstream already: never cut twice
+            if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
                     info = self.tool_info(tool)
@@ -361,13 +368,22 @@ class GuardEngine:
         if tp.padding_action == "strip" and any(f.check == "invisible_chars" for f in findings):
             new, stripped = _strip(new)
             numbers["stripped"] = stripped
-        noticed = method == "tools/call" and isinstance(new.get("content"), list)
+        content = new.get("content")
+        noticed = method == "tools/call" and isinstance(content, list)
+        if noticed and content and _is_notice(content[0]):  # a guard upstream warned already: one notice
+            noticed = False
         if noticed:  # first, so the model reads the warning before the content
             notice = {"type": "text", "text": notices.padding(findings, stripped)}
             new = {**new, "content": [notice, *new["content"]]}
         actions.append(GuardAction(PADDING, "stripped" if stripped else "found", tool, noticed or stripped > 0,
                                    numbers))
         return new
+
+
+def _is_notice(block: Any) -> bool:
+    """A text block that is one of the guards' own notices (as a guard upstream appends or prepends it)."""
+    text = block.get("text") if isinstance(block, Mapping) else None
+    return isinstance(text, str) and text.startswith("[mcp-token-otel") and _NOTICE.fullmatch(text) is not None
 
 
 def _texts(result: Mapping[str, Any]) -> list[str]:

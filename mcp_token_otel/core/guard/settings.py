@@ -17,6 +17,8 @@ GuardMode = Literal["off", "observe", "enforce"]
 GUARD_MODES: tuple[str, ...] = ("off", "observe", "enforce")
 PaddingAction = Literal["notice", "strip"]
 PADDING_ACTIONS: tuple[str, ...] = ("notice", "strip")
+#: Where guards can run (``guard.sides``): the shim's client and server sides and the proxy.
+GUARD_SIDES: tuple[str, ...] = ("client", "server", "proxy")
 
 #: Standard-tier list prices in USD per million input tokens (prompts up to 200K tokens where prices are
 #: tiered), as published in November 2026 (Anthropic's model pages; OpenAI's and Google's pricing pages as
@@ -42,6 +44,10 @@ _POSITIVE_INT = _check("a positive integer", lambda v: v > 0)
 _RATIO = _check("a number in (0, 1]", lambda v: 0 < v <= 1)
 _MODE = _check("one of " + ", ".join(GUARD_MODES), lambda v: v in GUARD_MODES)
 _ACTION = _check("one of " + ", ".join(PADDING_ACTIONS), lambda v: v in PADDING_ACTIONS)
+_SIDES = _check(
+    "a list of " + ", ".join(GUARD_SIDES) + " (or one of them)",
+    lambda v: isinstance(v, list) and all(side in GUARD_SIDES for side in v),
+)
 
 
 def _optional(check: dict[str, Any]) -> dict[str, Any]:
@@ -131,8 +137,15 @@ class GuardSettings:
     #: Overrides by tool name or glob (fnmatch: * ? [seq]); an exact name wins over globs, then the first
     #: matching glob in order.
     tools: dict[str, ToolGuard] = field(default_factory=dict)
+    #: The sides whose adapters run the guards: an in-process client and server each guard what they
+    #: handle; ["server"] leaves clients untouched, ["proxy"] guards only in the proxy.
+    sides: list[str] = field(default_factory=lambda: list(GUARD_SIDES), metadata=_SIDES)
 
     def __post_init__(self) -> None:
+        if isinstance(self.sides, str):  # one side, or a comma-separated list, as a string
+            object.__setattr__(self, "sides", [p.strip() for p in self.sides.split(",") if p.strip()])
+        elif isinstance(self.sides, tuple):
+            object.__setattr__(self, "sides", list(self.sides))
         _validate(self, "guard")
         # A user's table extends the documented defaults (and overrides their prices).
         object.__setattr__(self, "pricing", {**DEFAULT_PRICING, **self.pricing})

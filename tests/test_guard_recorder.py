@@ -1,0 +1,254 @@
+"""The recorder's guard API (GUARD.md): guard_request, record_guarded_output, record_output with the guards on,
+the guard and cost metric families (Prometheus and OpenTelemetry), span events, and faults that let the call
+through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from mcp_token_otel.core.guard import META_TOKENS_KEY, notices
+from mcp_token_otel.core.measure import measure_result
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.recorder import TokenRecorder
+
+from .support import make_config
+
+
+class Harness:
+    """A recorder with an in-memory span exporter, an OTel metric reader and a Prometheus sink."""
+
+    def __init__(self, **config: Any) -> None:
+        self.exporter = InMemorySpanExporter()
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.reader = InMemoryMetricReader()
+        self.meter_provider = MeterProvider(metric_readers=[self.reader])
+        self.rec = TokenRecorder(make_config(**config), tracer_provider, self.meter_provider)
+        self.prom = PrometheusMetrics(states=self.rec.states)
+        self.rec.add_sink(self.prom)
+
+    def span(self, name: str = "tools/call t") -> Any:
+        return self.rec.start_span(name, SpanKind.SERVER)
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.prom.registry.get_sample_value(name, labels)
+
+    def otel(self, name: str) -> list[Any]:
+        self.rec.flush()
+        data = self.reader.get_metrics_data()
+        points: list[Any] = []
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        points.extend(metric.data.data_points)
+        return points
+
+
+@pytest.fixture
+def harness_factory() -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(**config: Any) -> Harness:
+        h = Harness(**config)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.rec.close()
+        h.meter_provider.shutdown()
+
+
+def text_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": False}
+
+
+def prose(chars: int) -> str:
+    """Text that no padding check flags (varied words)."""
+    return " ".join(f"item{i} of the list" for i in range(chars // 10))[:chars]
+
+
+def guard_labels(policy: str, action: str, enforced: str, tool: str = "t", side: str = "server") -> dict[str, str]:
+    return {"side": side, "server": "", "policy": policy, "action": action, "enforced": enforced, "tool": tool}
+
+
+def test_off_by_default_returns_the_result_itself(harness_factory: Any) -> None:
+    h = harness_factory()
+    assert h.rec.guard_active is False and not h.rec.guards("server")
+    result = text_result("hello " * 50)
+    span = h.span()
+    assert h.rec.guard_request(span, "server", "tools/call", {"name": "t"}, "s1") is None
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    h.rec.end_span(span)
+    assert delivered is result and m is not None
+    (s,) = h.spans()
+    assert "mcp_token.cost_usd" not in s.attributes
+    assert not [e for e in s.events if e.name == "mcp_token.guard"]
+    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+
+
+def test_cost_without_guard_uses_the_measurement(harness_factory: Any) -> None:
+    h = harness_factory(guard={"model": "claude-sonnet-5-5"})
+    assert h.rec.guard_active is False
+    span = h.span()
+    result = text_result("x" * 4000)
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    h.rec.end_span(span)
+    assert delivered is result and m is not None
+    expected = m.total_tokens * 2.0 / 1_000_000
+    (s,) = h.spans()
+    assert s.attributes["mcp_token.cost_usd"] == pytest.approx(expected)
+    assert h.value("mcp_token_cost_usd_total", side="server", server="", tool="t") == pytest.approx(expected)
+    (point,) = h.otel("mcp_token.cost")
+    assert point.value == pytest.approx(expected)
+    assert dict(point.attributes) == {"mcp_token.side": "server", "gen_ai.tool.name": "t"}
+
+
+def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
+    h = harness_factory(budget={"context_window": 1000}, guard={"mode": "enforce", "session_hard_limit": True})
+    assert h.rec.guard_active and h.rec.guards("server")
+    span = h.span()
+    params = {"name": "t", "arguments": {}}
+    h.rec.record_input(span, "server", "tools/call", params, "s1")
+    h.rec.record_guarded_output(span, "server", "tools/call", "t", text_result(prose(4000)), "s1")
+    h.rec.end_span(span)
+    budget = h.rec.sessions["server"].get("s1")
+    assert budget.state == "exhausted"
+    tokens, calls = budget.tokens, budget.calls
+
+    span = h.span()
+    refusal = h.rec.guard_request(span, "server", "tools/call", params, "s1")
+    assert refusal is not None and refusal["isError"] is True
+    assert refusal["content"][0]["text"] == notices.budget_exhausted("t", tokens, 1000, calls)
+    # The refusal is the call's output: a tool error on the span, never guarded again.
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", refusal, "s1")
+    h.rec.end_span(span)
+    assert delivered is refusal and m is not None and m.error_type == "tool_error"
+    s = h.spans()[-1]
+    assert s.attributes["error.type"] == "tool_error"
+    (event,) = [e for e in s.events if e.name == "mcp_token.guard"]
+    assert event.attributes["mcp_token.guard.policy"] == "session_limit"
+    assert event.attributes["mcp_token.guard.action"] == "refused"
+    assert event.attributes["mcp_token.guard.enforced"] is True
+    assert event.attributes["mcp_token.guard.session_tokens"] == tokens
+    assert h.value("mcp_token_guard_actions_total", **guard_labels("session_limit", "refused", "true")) == 1
+    points = h.otel("mcp_token.guard.actions")
+    assert [(dict(p.attributes), p.value) for p in points] == [(
+        {"mcp_token.side": "server", "mcp_token.guard.policy": "session_limit", "mcp_token.guard.action": "refused",
+         "mcp_token.guard.enforced": True, "gen_ai.tool.name": "t"}, 1)]
+
+
+def test_response_cap_delivers_the_cut_and_budgets_what_entered(harness_factory: Any) -> None:
+    h = harness_factory(guard={"mode": "enforce", "max_response_tokens": 100, "model": "gpt-5.5"})
+    result = text_result(prose(10_000))
+    span = h.span()
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    h.rec.end_span(span)
+    assert m is not None and delivered is not result
+    assert delivered["content"][-1]["text"].startswith("[mcp-token-otel: response truncated to the limit of 100")
+    entered = measure_result("tools/call", delivered, tool_name="t", policy=h.rec.policy).total_tokens
+    assert entered < m.total_tokens
+    assert h.rec.sessions["server"].get("s1").tokens == entered
+    (s,) = h.spans()
+    assert s.attributes["mcp_token.output_tokens"] == m.total_tokens  # what the server sent
+    assert s.attributes["mcp_token.session.tokens"] == entered  # what the model reads
+    assert s.attributes["mcp_token.cost_usd"] == pytest.approx(entered * 5.0 / 1_000_000)
+    (event,) = [e for e in s.events if e.name == "mcp_token.guard"]
+    assert event.attributes["mcp_token.guard.cap"] == 100
+    assert h.value("mcp_token_guard_actions_total", **guard_labels("response_cap", "truncated", "true")) == 1
+    assert h.value("mcp_token_cost_usd_total", side="server", server="", tool="t") == pytest.approx(
+        entered * 5.0 / 1_000_000)
+
+
+def test_observe_counts_without_changing(harness_factory: Any) -> None:
+    h = harness_factory(guard={"mode": "observe", "max_response_tokens": 100, "annotate_meta": True})
+    result = text_result(prose(10_000))
+    span = h.span()
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    h.rec.end_span(span)
+    assert delivered is result and m is not None
+    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+    assert h.value("mcp_token_guard_actions_total", **guard_labels("response_cap", "truncated", "false")) == 1
+    assert h.value("mcp_token_guard_actions_total", **guard_labels("annotate_meta", "annotated", "false")) == 1
+
+
+def test_record_output_runs_the_guards_too(harness_factory: Any) -> None:
+    """record_output keeps its signature; with the guards on it counts their actions as well."""
+    h = harness_factory(guard={"mode": "enforce", "annotate_meta": True})
+    span = h.span("resources/read")
+    result = {"contents": [{"uri": "file:///a", "text": "abc " * 100}]}
+    m = h.rec.record_output(span, "server", "resources/read", None, result=result, session_id="s1")
+    h.rec.end_span(span)
+    assert m is not None
+    assert h.value("mcp_token_guard_actions_total",
+                   **guard_labels("annotate_meta", "annotated", "true", tool="")) == 1
+    _, delivered = h.rec.record_guarded_output(None, "server", "resources/read", None, result, "s1")
+    assert delivered["_meta"][META_TOKENS_KEY]["tokens"] > 0 and "_meta" not in result
+
+
+def test_errors_are_not_guarded(harness_factory: Any) -> None:
+    h = harness_factory(guard={"mode": "enforce", "annotate_meta": True, "model": "gpt-5.5"})
+    span = h.span()
+    m = h.rec.record_output(span, "server", "tools/call", "t", error={"code": -32602, "message": "bad"},
+                            session_id="s1")
+    h.rec.end_span(span)
+    assert m is not None and m.error_type == "-32602"
+    (s,) = h.spans()
+    assert not [e for e in s.events if e.name == "mcp_token.guard"] and "mcp_token.cost_usd" not in s.attributes
+
+
+def test_sides_limit_where_guards_run(harness_factory: Any) -> None:
+    h = harness_factory(guard={"mode": "enforce", "annotate_meta": True, "sides": ["server"]})
+    assert h.rec.guards("server") and not h.rec.guards("client")
+    result = text_result("hi")
+    _, on_client = h.rec.record_guarded_output(None, "client", "tools/call", "t", result, "c1")
+    _, on_server = h.rec.record_guarded_output(None, "server", "tools/call", "t", result, "s1")
+    assert on_client is result and on_server is not result
+
+
+def test_rate_limit_counts_each_side_apart(harness_factory: Any) -> None:
+    """An in-process client and server that share a session id must not count one call twice."""
+    h = harness_factory(guard={"mode": "enforce", "rate_limit": True, "calls_per_minute": 2})
+    params = {"name": "t", "arguments": {}}
+    for _ in range(2):
+        assert h.rec.guard_request(None, "client", "tools/call", params, "same") is None
+        assert h.rec.guard_request(None, "server", "tools/call", params, "same") is None
+    refusal = h.rec.guard_request(None, "server", "tools/call", params, "same")
+    assert refusal is not None and refusal["content"][0]["text"] == notices.rate_limited("t", 2)
+    h.rec.end_session("server", "same")  # forgets the server side's window
+    assert h.rec.guard_request(None, "server", "tools/call", params, "same") is None
+    assert h.rec.guard_request(None, "client", "tools/call", params, "same") is not None
+
+
+def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = harness_factory(guard={"mode": "enforce", "session_hard_limit": True, "annotate_meta": True})
+
+    def boom(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("guard bug")
+
+    monkeypatch.setattr(h.rec.guard, "on_request", boom)
+    monkeypatch.setattr(h.rec.guard, "on_result", boom)
+    span = h.span()
+    assert h.rec.guard_request(span, "server", "tools/call", {"name": "t"}, "s1") is None
+    result = text_result("hello")
+    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    h.rec.end_span(span)
+    assert delivered is result and m is not None
+    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+    assert h.rec.error_counts["guard"] == 2
+    assert h.value("mcp_token_instrumentation_errors_total", stage="guard") == 2
+    (s,) = h.spans()
+    assert s.attributes["mcp_token.output_tokens"] == m.total_tokens
