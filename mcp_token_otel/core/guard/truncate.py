@@ -395,6 +395,8 @@ def cut_json(
         floor = min(len(items), _min_items(found.schemas))
         if floor >= len(items):  # the schema wants every item there is
             continue
+        if prefix_ok and found.tokens > max_tokens * len(items):
+            continue  # items larger than the budget on average: whole items keep ~nothing, the prefix cut does better
         # First guess: the share of the items that the room left by the rest of the value pays for (sizes are
         # near additive); then the largest count that fits is found by bisecting around it.
         room = max_tokens - (out.tokens - found.tokens)
