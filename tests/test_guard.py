@@ -33,7 +33,7 @@ from mcp_token_otel.core.guard import (
     strip_invisible,
     with_depth,
 )
-from mcp_token_otel.core.guard.truncate import prefix_value
+from mcp_token_otel.core.guard.truncate import close_json_prefix, prefix_value
 from mcp_token_otel.core.measure import Policy, measure_result
 from tests.conftest import chars4
 
@@ -465,8 +465,9 @@ def test_wide_json_is_cut_to_the_cap_as_valid_json() -> None:
 
 
 @pytest.mark.parametrize(("shape", "said"), [
+    # 1-2 MB of text for a 300-token budget: not parsed, a closed prefix of the text itself.
     ("100k keys", "The JSON of content[0] was cut short; the rest of it was left out."),
-    ("100k short strings", "of 100,000 items of content[0]."),  # one array: whole items, with a count
+    ("100k short strings", "The JSON of content[0] was cut short; the rest of it was left out."),
     ("65 arrays", "The JSON of content[0] was cut short"),
     ("12 deep", "The JSON of content[0] was cut short inside /0/d/0/\u2026/0/d (depth 12); the rest"),
 ])
@@ -489,15 +490,41 @@ def test_hostile_json_text_shapes_are_cut_as_json(shape: str, said: str) -> None
     assert said in outcome.result["content"][-1]["text"]
 
 
-def test_json_too_deep_to_parse_is_cut_as_text_and_says_so() -> None:
+def test_json_too_deep_to_parse_is_cut_as_a_closed_prefix_of_the_text() -> None:
     text = "[" * 10_000 + "1" + "]" * 10_000  # json.loads raises RecursionError on it
     e = engine(mode="enforce", max_response_tokens=100, padding=PaddingSettings(enabled=False))
     outcome = e.on_result("tools/call", text_result(text), tool="t")
     new_text = outcome.result["content"][0]["text"]
-    assert text.startswith(new_text) and 0 < chars4(new_text) <= 100
-    assert ("content[0] was too large or too deeply nested to cut as JSON: it was cut as plain text and is no "
-            "longer valid JSON.") in outcome.result["content"][-1]["text"]
+    depth = new_text.count("[")
+    assert new_text == "[" * depth + "]" * depth and 0 < chars4(new_text) <= 100  # valid JSON, closed
+    assert depth == 200  # the budget is spent on as many brackets as it can close
+    assert "The JSON of content[0] was cut short; the rest of it was left out." in outcome.result["content"][-1]["text"]
     assert outcome.actions[0].numbers["over_cap_tokens"] == 0
+
+
+def test_large_text_that_is_not_json_after_all_is_cut_as_text_and_says_so() -> None:
+    # Too large to parse for its budget, and its beginning is not JSON: cut as plain text, and the notice says
+    # the result is not valid JSON (the model should not try to parse it).
+    text = "[1,," + "2," * 200_000 + "3]"
+    e = engine(mode="enforce", max_response_tokens=100, padding=PaddingSettings(enabled=False))
+    outcome = e.on_result("tools/call", text_result(text), tool="t")
+    new_text = outcome.result["content"][0]["text"]
+    assert text.startswith(new_text) and 0 < chars4(new_text) <= 100
+    assert ("content[0] could not be cut as JSON: it was cut as plain text and is not valid JSON."
+            in outcome.result["content"][-1]["text"])
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_close_json_prefix_is_valid_json_at_every_cut(indent: int | None) -> None:
+    value = {"a": [1, -2.5e3, {"b": "x\"y]z", "c": [True, None, {}]}], "d": 12345, "e": "tail"}
+    text = json.dumps(value, indent=indent)
+    closed = {close_json_prefix(text, end) for end in range(len(text) + 1)} - {None}
+    for prefix in closed:
+        kept = json.loads(prefix)
+        assert is_document_prefix(kept, value) and prefix == json.dumps(kept, indent=indent)  # same style
+    assert text in closed and len(closed) > 10
+    assert close_json_prefix('{"a": 123}', 8) == "{}"  # 12 of 123 is not a number that was there
+    assert close_json_prefix('"just a string"', 15) is None and close_json_prefix("[1,,2]", 6) is None
 
 
 def test_deep_structured_content_is_cut_without_recursion() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel.core.estimation import estimate_tokens
-from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text
+from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text, truncate
 from mcp_token_otel.core.measure import DEFAULT_POLICY, measure_result
 
 # Text that stresses the boundaries: escapes, quotes, astral characters, CJK, combining marks, newlines.
@@ -190,3 +190,37 @@ def test_wide_and_deep_structured_content_without_schema_is_cut_to_the_cap(
     if duplicate:
         assert json.loads(new["content"][0]["text"]) == new["structuredContent"]
     json.loads(json.dumps(new, ensure_ascii=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(WIDE_OR_DEEP, JSON_VALUE).filter(lambda v: isinstance(v, (dict, list))), st.booleans(), st.data())
+def test_close_json_prefix_is_valid_json_wherever_the_text_is_cut(value: Any, indent: bool, data: Any) -> None:
+    text = json.dumps(value, indent=2 if indent else None, ensure_ascii=False)
+    end = data.draw(st.integers(0, len(text)))
+    closed = truncate.close_json_prefix(text, end)
+    if end > 0:  # a JSON object or array can always be closed once its first bracket is in
+        assert closed is not None
+    if closed is not None:
+        json.loads(closed)
+        assert len(closed) <= len(text) and (closed == text or not text.startswith(closed))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(JSON_BLOCK, min_size=1, max_size=4), st.integers(min_value=1, max_value=600))
+def test_json_text_cut_without_parsing_is_valid_and_within_the_cap(
+    blocks: list[dict[str, Any]], cap: int
+) -> None:
+    # The path for JSON text too large (or deep) to parse, forced here by a zero parse threshold.
+    saved = truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR
+    truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = 0, 0
+    try:
+        new, report = cap_result({"content": blocks}, cap, policy=DEFAULT_POLICY, tool="t")
+    finally:
+        truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = saved
+    if new is None:
+        return
+    assert report.over_cap_tokens == 0 and not report.json_as_text
+    assert measure_result("tools/call", new).data_tokens <= cap + report.notice_tokens
+    for block in new["content"]:
+        if not is_notice(block):
+            json.loads(block["text"])

@@ -27,8 +27,7 @@ def truncated(report: CapReport, tool: str | None, hint: str) -> str:
         inside = f" inside {pointer}" if pointer else ""
         parts.append(f"The JSON of {where} was cut short{inside}; the rest of it was left out.")
     for where in report.json_as_text:
-        parts.append(f"{where} was too large or too deeply nested to cut as JSON: it was cut as plain text and is no "
-                     "longer valid JSON.")
+        parts.append(f"{where} could not be cut as JSON: it was cut as plain text and is not valid JSON.")
     if report.blocks_dropped:
         parts.append(f"{_plural(report.blocks_dropped, 'content block')} left out.")
     if report.media_replaced:

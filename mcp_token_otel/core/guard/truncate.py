@@ -11,8 +11,8 @@
   The value stays JSON and, for the schema keywords honoured here, still validates. When that cannot
   reach the budget (more than 64 arrays, deeper than 6 levels, only short values) and no schema is known,
   the value is cut to a document-order prefix with every open container closed (any width or depth,
-  iterative, costing what is kept). JSON text too deep or too large to parse is cut as text, and the
-  notice says it is no longer JSON.
+  iterative, costing what is kept). JSON text too large (for its budget) or too deep to parse is cut as
+  text, moved back to where a value ends and closed (:func:`close_json_prefix`), so it stays JSON too.
 * Image, audio and blob blocks that do not fit are replaced by a notice.
 
 Accounting follows :func:`mcp_token_otel.core.measure.measure_result` block by block (same estimator,
@@ -22,6 +22,7 @@ same data/overhead rule), so the cut result measures at most ``cap`` data tokens
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +32,12 @@ from ..payload import Estimator, size_value
 from . import notices
 from .pagination import Pagination, no_pagination_hint
 
-#: Text blocks larger than this are never parsed as JSON (they are cut as text).
+#: Text blocks larger than this are never parsed as JSON (they are cut as text, closed as JSON).
 MAX_JSON_PARSE_CHARS = 8 << 20
+#: A JSON text block is parsed (to cut it by whole items) up to this size, or this many characters per token
+#: of its budget when that is more; a larger one is cut as a closed prefix of the text, without parsing.
+_PARSE_ALWAYS_CHARS = 256 * 1024
+_PARSE_BUDGET_FACTOR = 64
 #: Arrays searched for when cutting a JSON value, and how deep.
 _MAX_ARRAYS = 64
 _MAX_DEPTH = 6
@@ -484,11 +489,11 @@ _NOT_JSON = object()
 _UNPARSED = object()
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str, max_chars: int = MAX_JSON_PARSE_CHARS) -> Any:
     stripped = text.lstrip()
     if not stripped or stripped[0] not in "{[":
         return _NOT_JSON
-    if len(text) > MAX_JSON_PARSE_CHARS:
+    if len(text) > min(max_chars, MAX_JSON_PARSE_CHARS):
         return _UNPARSED
     try:
         return json.loads(text)
@@ -509,6 +514,120 @@ def _cut_json_text(
     except RecursionError:  # nested about as deep as the parser allows: the writer runs out of stack
         return None
     return (new_text, cut) if cut.tokens <= budget else None
+
+
+# ------------------------------------------------------------------------------------ JSON text, unparsed
+
+# One JSON token after optional whitespace: a string, a number or literal, or punctuation.
+_JSON_TOKEN = re.compile(
+    r'[ \t\r\n]*(?:("(?:[^"\\\n]|\\.)*")|(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null)'
+    r"|([{}\[\]:,]))"
+)
+_NUMBER_CHARS = frozenset("0123456789.eE+-")
+
+
+@dataclass(slots=True)
+class _Frame:
+    """An open container while a JSON prefix is read (a linked stack: a safe point keeps its frame in O(1))."""
+
+    closer: str
+    parent: _Frame | None
+
+
+def close_json_prefix(text: str, end: int) -> str | None:
+    """``text[:end]`` moved back to the last point where a value (or an opening bracket) ends, with every
+    container still open closed: valid JSON whenever ``text`` is, at any depth, reading only ``text[:end]``
+    (the tokens are matched by a regular expression; no parser and no recursion). None when ``text[:end]`` is
+    not the beginning of a JSON object or array, or no point in it can be closed."""
+    pos = 0
+    frame: _Frame | None = None
+    # What comes next: "value" (a value, or a closing bracket right after an opening one), "key", "colon",
+    # "after" (a comma or a closing bracket).
+    expect = "value"
+    safe: tuple[int, _Frame | None, bool] | None = None  # (where, the open containers, right after an opening)
+    while pos < end:
+        match = _JSON_TOKEN.match(text, pos, end)
+        if match is None:
+            break  # an incomplete token (a string cut in two) or not JSON: stop at the last safe point
+        string, scalar, punct = match.groups()
+        token_end = match.end()
+        if scalar is not None and token_end == end and end < len(text) and text[end] in _NUMBER_CHARS:
+            break  # a number cut in two
+        if punct in ("{", "["):
+            if expect != "value":
+                return None
+            frame = _Frame("}" if punct == "{" else "]", frame)
+            expect = "key" if punct == "{" else "value"
+            safe = (token_end, frame, True)  # an empty container can be closed right here
+        elif punct in ("}", "]"):
+            if frame is None or frame.closer != punct or expect in ("colon",):
+                return None
+            frame = frame.parent
+            expect = "after"
+            if frame is None:
+                return text[:token_end]  # the whole value is complete
+            safe = (token_end, frame, False)
+        elif punct == ",":
+            if expect != "after" or frame is None:
+                return None
+            expect = "key" if frame.closer == "}" else "value"
+        elif punct == ":":
+            if expect != "colon":
+                return None
+            expect = "value"
+        elif string is not None and expect == "key":
+            expect = "colon"
+        elif expect == "value" and frame is not None:  # a string or scalar value inside a container
+            expect = "after"
+            safe = (token_end, frame, False)
+        else:
+            return None  # a bare scalar at the top, or a token out of place
+        pos = token_end
+    if safe is None:
+        return None
+    cut, open_frame, empty = safe
+    closers = []
+    while open_frame is not None:
+        closers.append(open_frame.closer)
+        open_frame = open_frame.parent
+    newline = text.find("\n", 0, cut)
+    if newline < 0:  # compact: the brackets follow at once
+        return text[:cut] + "".join(closers)
+    # Indented: each bracket on its own line at its depth, in the text's indentation unit (that of line 2).
+    unit_end = newline + 1
+    while unit_end < cut and text[unit_end] in " \t":
+        unit_end += 1
+    unit = text[newline + 1 : unit_end] or "  "
+    depth = len(closers)
+    parts = [text[:cut]]
+    for i, closer in enumerate(closers):
+        parts.append(closer if i == 0 and empty else "\n" + unit * (depth - 1 - i) + closer)
+    return "".join(parts)
+
+
+def _cut_json_text_unparsed(text: str, budget: int, estimator: Estimator, tokens: int) -> tuple[str, int] | None:
+    """A JSON text cut without parsing it: a prefix closed by :func:`close_json_prefix` that fits ``budget``
+    (the closing brackets count too), or None. Costs what is kept, whatever the text's size or depth."""
+    target = budget
+    for _ in range(8):
+        if target <= 0:
+            break
+        prefix, _ = cut_text(text, target, estimator, tokens)
+        closed = close_json_prefix(text, len(prefix))
+        if closed is None:
+            return None
+        closed_tokens = estimator(closed)
+        if closed_tokens <= budget:
+            return closed, closed_tokens
+        # The closing brackets pushed it over; keeping less also needs fewer of them (deep text: as many
+        # brackets as kept), so give up half the excess at a time.
+        target -= max(1, (closed_tokens - budget + 1) // 2)
+    # Last resort: the outer container alone, emptied ("[]" or "{}").
+    start = len(text) - len(text.lstrip())
+    closed = close_json_prefix(text, start + 1)
+    if closed is not None and estimator(closed) <= budget:
+        return closed, estimator(closed)
+    return None
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -659,10 +778,14 @@ def cap_result(
                         report.prefixes.append(("structuredContent", prefix + cut.cut_at))
                 new_structured = {**structured, "result": new_inner} if wrapped else new_inner
             else:
-                parsed = _parse(text)
+                # A text far larger than the budget is not parsed: a closed prefix costs what it keeps.
+                parsed = _parse(text, max(_PARSE_ALWAYS_CHARS, _PARSE_BUDGET_FACTOR * remaining))
                 as_json = None
+                unparsed = None
                 if parsed is not _NOT_JSON and parsed is not _UNPARSED:
                     as_json = _cut_json_text(text, parsed, remaining, estimator, tokens)
+                if as_json is None and parsed is not _NOT_JSON:
+                    unparsed = _cut_json_text_unparsed(text, remaining, estimator, tokens)
                 if as_json is not None:
                     new_text, cut = as_json
                     tokens_kept = cut.tokens
@@ -672,7 +795,11 @@ def cap_result(
                     if cut.cut_at is not None:
                         report.prefixes.append((where, cut.cut_at))
                         report.text_blocks_cut += 1
-                else:  # not JSON, or JSON too large or deep to parse here (or to write back): cut as text
+                elif unparsed is not None:  # too large or too deep to parse: a closed prefix of the text itself
+                    new_text, tokens_kept = unparsed
+                    report.prefixes.append((where, ""))
+                    report.text_blocks_cut += 1
+                else:  # not JSON, or JSON whose beginning cannot be closed (e.g. a long string): cut as text
                     new_text, tokens_kept = cut_text(text, remaining, estimator, tokens)
                     report.text_blocks_cut += 1
                     if parsed is not _NOT_JSON:
