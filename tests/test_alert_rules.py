@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from mcp_token_otel.core.guard import ACTIONS, POLICIES
+
 REPO = Path(__file__).resolve().parents[1]
 PROM_DIR = REPO / "deploy" / "prometheus"
 RULES = PROM_DIR / "rules" / "mcp-token-otel.rules.yml"
@@ -49,6 +51,9 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_tool_definition_tokens": {"server", "tool"},
     "mcp_token_instrumentation_errors_total": {"stage"},
     "mcp_token_output_rate_budget_tokens_per_second": {"scope"},
+    # Guards (issue 13, names pinned by the shared contract).
+    "mcp_token_guard_actions_total": {"side", "server", "policy", "action", "enforced", "tool"},
+    "mcp_token_cost_usd_total": {"side", "server", "tool"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}
@@ -60,6 +65,9 @@ LABEL_VALUES: dict[str, set[str]] = {
     "risk_tier": {"low", "medium", "high", "critical"},
     "state": {"ok", "warning", "exhausted"},
     "scope": {"tool", "service"},
+    "policy": set(POLICIES),  # the guard engine's own lists: a renamed policy breaks the rules' matchers here
+    "action": set(ACTIONS),
+    "enforced": {"true", "false"},
 }
 
 

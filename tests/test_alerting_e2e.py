@@ -171,6 +171,9 @@ EXPECTED = [
     ({"alertname": "McpTokenSessionExhausted", "severity": "critical"}, "/pager"),
     ({"alertname": "McpTokenSustainedHighUsage", "severity": "critical", "scope": "tool"}, "/pager"),
     ({"alertname": "McpTokenSustainedHighUsage", "severity": "critical", "scope": "service"}, "/pager"),
+    # The demo's guards: its agents run into the session hard limit, and search_docs returns poisoned pages.
+    ({"alertname": "McpTokenGuardRefusals", "severity": "warning", "policy": "session_limit"}, "/ticket"),
+    ({"alertname": "McpTokenPaddingDetected", "severity": "warning", "tool": "search_docs"}, "/ticket"),
 ]
 
 

@@ -282,13 +282,17 @@ def test_collector_renames_every_metric_attribute_to_the_prometheus_label() -> N
     renames = {
         semconv.M_SIDE: "side", semconv.A_METHOD: "method", semconv.A_TOOL: "tool",
         semconv.M_DIRECTION: "direction", semconv.A_RISK_TIER: "risk_tier", semconv.A_SESSION_STATE: "state",
-        semconv.M_STAGE: "stage", semconv.M_SCOPE: "scope",
+        semconv.M_STAGE: "stage", semconv.M_SCOPE: "scope", semconv.M_GUARD_POLICY: "policy",
+        semconv.M_GUARD_ACTION: "action", semconv.M_GUARD_ENFORCED: "enforced",
     }
     for attribute, label in renames.items():
         assert f'set(attributes["{label}"], attributes["{attribute}"])' in statements, attribute
         assert f'delete_key(attributes, "{attribute}")' in statements, attribute
     assert 'set(name, "mcp_token.session.utilization_ratio") where name == "mcp_token.session.utilization"' in (
         statements)
+    # The cost counter arrives as mcp_token_cost_usd_total (the rules' and dashboards' name), not ..._USD_total.
+    assert 'set(name, "mcp_token.cost_usd") where name == "mcp_token.cost"' in statements
+    assert 'set(unit, "") where name == "mcp_token.cost_usd"' in statements
 
 
 # ---------------------------------------------------------------------------------------------------------

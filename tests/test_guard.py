@@ -33,6 +33,7 @@ from mcp_token_otel.core.guard import (
     strip_invisible,
     with_depth,
 )
+from mcp_token_otel.core.guard.truncate import close_json_prefix, prefix_value
 from mcp_token_otel.core.measure import Policy, measure_result
 from tests.conftest import chars4
 
@@ -409,19 +410,174 @@ def test_padding_quiet_on_normal_content() -> None:
     assert checks("family: \U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f") == {}  # ZWJ, VS16 are emoji
 
 
-def test_over_cap_notice_does_not_blame_a_missing_schema() -> None:
-    # Regression: with no outputSchema known, a JSON result too wide to cut (more arrays than are cut) still
-    # said "The output schema keeps N tokens above the limit."
+def is_document_prefix(cut: Any, whole: Any) -> bool:
+    """``cut`` keeps the first members of every container of ``whole``, in order; only the last member of a
+    container may itself be cut (a container the same way, a string to a prefix). Iterative: any depth."""
+    stack = [(cut, whole)]
+    while stack:
+        a, b = stack.pop()
+        if isinstance(a, (dict, list)) and type(a) is type(b):
+            keys = list(a) if isinstance(a, dict) else list(range(len(a)))
+            if keys != (list(b) if isinstance(b, dict) else list(range(len(b))))[: len(keys)]:
+                return False
+            if keys and any(a[k] != b[k] for k in keys[:-1]):  # all but the last member are whole
+                return False
+            if keys:
+                stack.append((a[keys[-1]], b[keys[-1]]))
+        elif isinstance(a, str) and isinstance(b, str):
+            if not b.startswith(a):
+                return False
+        elif a != b:
+            return False
+    return True
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    """A value ``depth`` levels deep, built without recursion (lists and dicts alternating)."""
+    value = leaf
+    for level in range(depth):
+        value = [value, level] if level % 2 else {"d": value, "n": level}
+    return value
+
+
+def test_wide_json_is_cut_to_the_cap_as_valid_json() -> None:
+    # Regression: with no outputSchema known, a JSON result with more arrays than are cut stayed above the cap
+    # ("N tokens stay above the limit: the JSON could not be cut further"). It is now cut to a document-order
+    # prefix: valid JSON, the text still equal to structuredContent, under the cap.
     obj = {f"k{i}": list(range(30)) for i in range(300)}
     result = {"content": [{"type": "text", "text": json.dumps(obj)}], "structuredContent": obj}
-    outcome = engine(mode="enforce", max_response_tokens=20, padding=PaddingSettings(enabled=False)).on_result(
+    outcome = engine(mode="enforce", max_response_tokens=200, padding=PaddingSettings(enabled=False)).on_result(
         "tools/call", result, tool="t")
+    numbers = outcome.actions[0].numbers
+    new = outcome.result
+    notice = new["content"][-1]["text"]
+    assert numbers["over_cap_tokens"] == 0 and "above the limit" not in notice
+    text = new["content"][0]["text"]
+    assert json.loads(text) == new["structuredContent"] and is_document_prefix(new["structuredContent"], obj)
+    assert chars4(text) == numbers["kept_tokens"] <= 200
+    assert 1 < len(new["structuredContent"]) < 300
+    last = list(new["structuredContent"])[-1]
+    assert notice == (
+        f"[mcp-token-otel: response truncated to the limit of 200 tokens. Showing tokens 1-{chars4(text)} of "
+        f"{chars4(json.dumps(obj)):,}. The JSON of structuredContent was cut short inside /{last}; the rest of it "
+        "was left out. t declares no pagination inputs: ask for a narrower request to see the rest.]")
+    assert measure_result("tools/call", new, policy=C4).data_tokens <= 200 + numbers["notice_tokens"]
+
+
+@pytest.mark.parametrize(("shape", "said"), [
+    # 1-2 MB of text for a 300-token budget: not parsed, a closed prefix of the text itself.
+    ("100k keys", "The JSON of content[0] was cut short; the rest of it was left out."),
+    ("100k short strings", "The JSON of content[0] was cut short; the rest of it was left out."),
+    ("65 arrays", "The JSON of content[0] was cut short"),
+    ("12 deep", "The JSON of content[0] was cut short inside /0/d/0/\u2026/0/d (depth 12); the rest"),
+])
+def test_hostile_json_text_shapes_are_cut_as_json(shape: str, said: str) -> None:
+    value: Any = {
+        "100k keys": {f"key{i}": i for i in range(100_000)},
+        "100k short strings": [f"s{i}" for i in range(100_000)],
+        "65 arrays": {f"a{i}": {"x": [i] * 40} for i in range(65)},
+        "12 deep": nested(12, "leaf " * 400),
+    }[shape]
+    text = json.dumps(value, indent=2)
+    e = engine(mode="enforce", max_response_tokens=300, padding=PaddingSettings(enabled=False))
+    outcome = e.on_result("tools/call", text_result(text), tool="t")
+    numbers = outcome.actions[0].numbers
+    kept = json.loads(outcome.result["content"][0]["text"])  # valid JSON, same style
+    assert outcome.result["content"][0]["text"] == json.dumps(kept, indent=2)
+    assert is_document_prefix(kept, value) and kept != value
+    assert numbers["over_cap_tokens"] == 0 and numbers["kept_tokens"] <= 300
+    assert measure_result("tools/call", outcome.result, policy=C4).data_tokens <= 300 + numbers["notice_tokens"]
+    assert said in outcome.result["content"][-1]["text"]
+
+
+def test_json_too_deep_to_parse_is_cut_as_a_closed_prefix_of_the_text() -> None:
+    text = "[" * 10_000 + "1" + "]" * 10_000  # json.loads raises RecursionError on it
+    e = engine(mode="enforce", max_response_tokens=100, padding=PaddingSettings(enabled=False))
+    outcome = e.on_result("tools/call", text_result(text), tool="t")
+    new_text = outcome.result["content"][0]["text"]
+    depth = new_text.count("[")
+    assert new_text == "[" * depth + "]" * depth and 0 < chars4(new_text) <= 100  # valid JSON, closed
+    assert depth == 200  # the budget is spent on as many brackets as it can close
+    assert "The JSON of content[0] was cut short; the rest of it was left out." in outcome.result["content"][-1]["text"]
+    assert outcome.actions[0].numbers["over_cap_tokens"] == 0
+
+
+def test_large_text_that_is_not_json_after_all_is_cut_as_text_and_says_so() -> None:
+    # Too large to parse for its budget, and its beginning is not JSON: cut as plain text, and the notice says
+    # the result is not valid JSON (the model should not try to parse it).
+    text = "[1,," + "2," * 200_000 + "3]"
+    e = engine(mode="enforce", max_response_tokens=100, padding=PaddingSettings(enabled=False))
+    outcome = e.on_result("tools/call", text_result(text), tool="t")
+    new_text = outcome.result["content"][0]["text"]
+    assert text.startswith(new_text) and 0 < chars4(new_text) <= 100
+    assert ("content[0] could not be cut as JSON: it was cut as plain text and is not valid JSON."
+            in outcome.result["content"][-1]["text"])
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_close_json_prefix_is_valid_json_at_every_cut(indent: int | None) -> None:
+    value = {"a": [1, -2.5e3, {"b": "x\"y]z", "c": [True, None, {}]}], "d": 12345, "e": "tail"}
+    text = json.dumps(value, indent=indent)
+    closed = {close_json_prefix(text, end) for end in range(len(text) + 1)} - {None}
+    for prefix in closed:
+        kept = json.loads(prefix)
+        assert is_document_prefix(kept, value) and prefix == json.dumps(kept, indent=indent)  # same style
+    assert text in closed and len(closed) > 10
+    assert close_json_prefix('{"a": 123}', 8) == "{}"  # 12 of 123 is not a number that was there
+    assert close_json_prefix('"just a string"', 15) is None and close_json_prefix("[1,,2]", 6) is None
+
+
+def test_deep_structured_content_is_cut_without_recursion() -> None:
+    # A 10,000-deep structuredContent (an in-process server can return one): no RecursionError, under the cap,
+    # and the notice's pointer is elided instead of quoting 10,000 keys.
+    deep = {"root": nested(10_000, "x")}
+    result = {"content": [{"type": "text", "text": "see the structured result"}], "structuredContent": deep}
+    e = engine(mode="enforce", max_response_tokens=40, padding=PaddingSettings(enabled=False))
+    outcome = e.on_result("tools/call", result, tool="t")
+    numbers = outcome.actions[0].numbers
+    new = outcome.result
+    assert numbers["over_cap_tokens"] == 0
+    assert measure_result("tools/call", new, policy=C4).data_tokens <= 40 + numbers["notice_tokens"]
+    assert is_document_prefix(new["structuredContent"], deep)
+    json.loads(json.dumps(new))  # what is kept is shallow enough to write
+    notice = new["content"][-1]["text"]
+    assert re.search(r"The JSON of structuredContent was cut short inside /root/0/d/\u2026/[^ ]+ \(depth \d+\)",
+                     notice) and len(notice) < 400
+
+
+def test_schema_bound_structured_content_is_never_made_invalid() -> None:
+    # With an outputSchema the generic cut is not used (it could break required keys, minItems...): the schema's
+    # floor stays above the cap, the notice says so, and the text blocks give up their share to make up for it.
+    schema = {"type": "object", "additionalProperties": {"type": "array", "minItems": 20,
+                                                         "items": {"type": "integer"}}}
+    structured = {f"k{i}": list(range(20)) for i in range(100)}
+    e = engine(mode="enforce", max_response_tokens=200, padding=PaddingSettings(enabled=False))
+    e.learn_tools({"tools": [{"name": "grid", "inputSchema": {"type": "object"}, "outputSchema": schema}]})
+    result = {"content": [{"type": "text", "text": lines(100)}], "structuredContent": structured}
+    outcome = e.on_result("tools/call", result, tool="grid")
+    new = outcome.result
+    assert new["structuredContent"] == structured
+    jsonschema.validate(new["structuredContent"], schema)
     over = outcome.actions[0].numbers["over_cap_tokens"]
-    notice = outcome.result["content"][-1]["text"]
-    assert over > 0 and "output schema" not in notice
-    assert f"{over:,} tokens stay above the limit: the JSON could not be cut further." in notice
-    json.loads(outcome.result["content"][0]["text"])  # still valid JSON
-    assert json.loads(outcome.result["content"][0]["text"]) == outcome.result["structuredContent"]
+    structured_tokens = measure_result("tools/call", result, policy=C4).blocks[1].data_tokens
+    assert over == structured_tokens - 200  # only what the schema forces; the text block was left out
+    assert [b["text"][:15] for b in new["content"]] == ["[mcp-token-otel"]
+    assert f"1 content block left out. The output schema keeps {over:,} tokens above the limit." in (
+        new["content"][-1]["text"])
+
+
+def test_prefix_value_closes_every_container_in_document_order() -> None:
+    value = {"a": [1, 2, {"b": "a long string that will be shortened here", "c": 3}], "z": 9}
+    for chars in range(0, 80):
+        cut, complete, _ = prefix_value(value, chars)
+        assert is_document_prefix(cut, value)
+        json.dumps(cut)
+        if complete:
+            assert cut == value
+    assert prefix_value(value, 1000) == (value, True, ())
+    cut, complete, path = prefix_value(value, 40)
+    assert (cut, complete, path) == ({"a": [1, 2, {"b": "a long string that w"}]}, False, ("a", 2, "b"))
+    assert len(json.dumps(cut, separators=(",", ":"))) == 40
 
 
 def test_padding_notice_stays_short_for_many_padded_blocks() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel.core.estimation import estimate_tokens
-from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text
+from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text, truncate
 from mcp_token_otel.core.measure import DEFAULT_POLICY, measure_result
 
 # Text that stresses the boundaries: escapes, quotes, astral characters, CJK, combining marks, newlines.
@@ -133,3 +133,94 @@ def test_structured_content_still_validates_after_a_cut(
     if duplicate:
         assert json.loads(new["content"][0]["text"]) == (kept if wrapped else new["structuredContent"])
     json.loads(json.dumps(new))
+
+
+def _nest(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for level in range(depth):
+        value = [value, level] if level % 2 else {"d": value, "n": level}
+    return value
+
+
+# Shapes the array-and-string cut alone could not bring under the cap: more than 64 arrays, deeper than 6
+# levels, only short values. The fallback (a document-order prefix) must.
+WIDE_OR_DEEP = st.one_of(
+    st.integers(65, 200).map(lambda n: {f"a{i}": [i, "x" * (i % 7)] for i in range(n)}),
+    st.tuples(st.integers(7, 60), TEXT.filter(encodes)).map(lambda t: {"deep": _nest(*t)}),
+    st.integers(100, 3000).map(lambda n: {f"k{i}": i if i % 3 else f"v{i}" for i in range(n)}),
+    st.integers(100, 3000).map(lambda n: [[i] for i in range(n)]),
+)
+JSON_BLOCK = st.tuples(st.one_of(WIDE_OR_DEEP, JSON_VALUE), st.booleans()).map(
+    lambda v: {"type": "text", "text": json.dumps(v[0], indent=2 if v[1] else None, ensure_ascii=False)})
+
+
+def is_notice(block: dict[str, Any]) -> bool:
+    return block.get("type") == "text" and block["text"].startswith("[mcp-token-otel")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(JSON_BLOCK, min_size=1, max_size=4), st.integers(min_value=1, max_value=600))
+def test_wide_and_deep_json_text_is_cut_to_the_cap_as_valid_json(blocks: list[dict[str, Any]], cap: int) -> None:
+    result = {"content": blocks}
+    new, report = cap_result(result, cap, policy=DEFAULT_POLICY, tool="t")
+    if new is None:
+        return
+    assert report.over_cap_tokens == 0 and not report.json_as_text
+    assert measure_result("tools/call", new).data_tokens <= cap + report.notice_tokens
+    for block in new["content"]:
+        if not is_notice(block):
+            json.loads(block["text"])  # every JSON text block that is kept is still JSON
+    if encodes(json.dumps(result, ensure_ascii=False)):
+        json.dumps(new, ensure_ascii=False).encode("utf-8")  # strict: no lone surrogate was produced
+
+
+@settings(max_examples=150, deadline=None)
+@given(WIDE_OR_DEEP.filter(lambda v: isinstance(v, dict)), st.integers(min_value=1, max_value=600), st.booleans())
+def test_wide_and_deep_structured_content_without_schema_is_cut_to_the_cap(
+    value: dict[str, Any], cap: int, duplicate: bool
+) -> None:
+    text = json.dumps(value, ensure_ascii=False) if duplicate else "see structuredContent"
+    result = {"content": [{"type": "text", "text": text}], "structuredContent": value}
+    new, report = cap_result(result, cap, policy=DEFAULT_POLICY, tool="t")
+    if new is None:
+        return
+    assert report.over_cap_tokens == 0
+    assert measure_result("tools/call", new).data_tokens <= cap + report.notice_tokens
+    assert isinstance(new["structuredContent"], dict)  # still an object, as MCP requires
+    if duplicate:
+        assert json.loads(new["content"][0]["text"]) == new["structuredContent"]
+    json.loads(json.dumps(new, ensure_ascii=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(WIDE_OR_DEEP, JSON_VALUE).filter(lambda v: isinstance(v, (dict, list))), st.booleans(), st.data())
+def test_close_json_prefix_is_valid_json_wherever_the_text_is_cut(value: Any, indent: bool, data: Any) -> None:
+    text = json.dumps(value, indent=2 if indent else None, ensure_ascii=False)
+    end = data.draw(st.integers(0, len(text)))
+    closed = truncate.close_json_prefix(text, end)
+    if end > 0:  # a JSON object or array can always be closed once its first bracket is in
+        assert closed is not None
+    if closed is not None:
+        json.loads(closed)
+        assert len(closed) <= len(text) and (closed == text or not text.startswith(closed))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(JSON_BLOCK, min_size=1, max_size=4), st.integers(min_value=1, max_value=600))
+def test_json_text_cut_without_parsing_is_valid_and_within_the_cap(
+    blocks: list[dict[str, Any]], cap: int
+) -> None:
+    # The path for JSON text too large (or deep) to parse, forced here by a zero parse threshold.
+    saved = truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR
+    truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = 0, 0
+    try:
+        new, report = cap_result({"content": blocks}, cap, policy=DEFAULT_POLICY, tool="t")
+    finally:
+        truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = saved
+    if new is None:
+        return
+    assert report.over_cap_tokens == 0 and not report.json_as_text
+    assert measure_result("tools/call", new).data_tokens <= cap + report.notice_tokens
+    for block in new["content"]:
+        if not is_notice(block):
+            json.loads(block["text"])

@@ -124,6 +124,7 @@ def _cmd_demo(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         seed=args.seed,
         interval=args.interval,
         quiet=args.quiet,
+        guard=args.guard,
     )
     try:
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--interval", type=_INTERVAL, default=5.0,
                       help="seconds between live summaries (default 5, at least 0.1)")
     demo.add_argument("--quiet", action="store_true", help="print the final table only")
+    demo.add_argument("--no-guard", dest="guard", action="store_false",
+                      help="do not turn on the demo's guards (enforce on the server side; see docs/guardrails.md)")
     demo.set_defaults(func=_cmd_demo, estimator=None)
 
     from .proxy import add_parser as add_proxy_parser

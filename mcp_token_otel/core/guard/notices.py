@@ -23,6 +23,11 @@ def truncated(report: CapReport, tool: str | None, hint: str) -> str:
     ]
     for path, kept, total in report.arrays:
         parts.append(f"Kept {kept:,} of {total:,} items of {path or 'the JSON value'}.")
+    for where, pointer in report.prefixes:
+        inside = f" inside {pointer}" if pointer else ""
+        parts.append(f"The JSON of {where} was cut short{inside}; the rest of it was left out.")
+    for where in report.json_as_text:
+        parts.append(f"{where} could not be cut as JSON: it was cut as plain text and is not valid JSON.")
     if report.blocks_dropped:
         parts.append(f"{_plural(report.blocks_dropped, 'content block')} left out.")
     if report.media_replaced:
