@@ -283,3 +283,139 @@ def test_a_sequential_scrape_sees_what_was_recorded_before_it() -> None:
                 assert f"fresh_total {float(i)}".encode() in response.read()
     finally:
         server.close()
+
+
+def _fresh_value(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("fresh_total "):
+                return float(line.split()[1])
+    raise AssertionError("fresh_total missing")
+
+
+def test_scrapes_while_others_are_connected_share_a_recent_rendering() -> None:
+    """With another client connected, a scrape may get the last rendering if it began within
+    render_max_age; once no one else is connected, a scrape renders afresh and sees the new value."""
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=60.0)
+    try:
+        counter.inc()
+        assert _fresh_value(server.url) == 1.0 and server.renders == 1
+        wait_for(lambda: server.open_connections == 0, "the first scrape's connection to be closed")
+        other = drip_client(server)  # another client connected: the server is busy
+        try:
+            wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+            for _ in range(5):
+                counter.inc()
+                assert _fresh_value(server.url) == 1.0  # the shared rendering, under a minute old
+            assert server.renders == 1
+        finally:
+            other.close()
+        wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+        assert _fresh_value(server.url) == 6.0 and server.renders == 2  # alone again: a new rendering
+    finally:
+        server.close()
+
+
+def test_a_rendering_past_its_max_age_is_not_reused() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0.05)
+    other = drip_client(server)
+    try:
+        wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+        for i in range(1, 4):
+            counter.inc()
+            time.sleep(0.1)  # past the 50 ms max age: the previous rendering is too old to share
+            assert _fresh_value(server.url) == float(i)
+        assert server.renders == 3
+    finally:
+        other.close()
+        server.close()
+
+
+def test_max_age_zero_shares_only_renderings_in_progress() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0)
+    other = drip_client(server)
+    try:
+        wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+        for i in range(1, 11):
+            counter.inc()
+            assert _fresh_value(server.url) == float(i)
+        assert server.renders == 10
+    finally:
+        other.close()
+        server.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _counting_app(bodies: list[bytes]) -> Callable[..., list[bytes]]:
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        bodies.append(f"render {len(bodies) + 1} for {environ.get('HTTP_ACCEPT', '')}".encode())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [bodies[-1]]
+
+    return app
+
+
+def _call(app: Callable[..., list[bytes]], accept: str = "text/plain") -> bytes:
+    return b"".join(app({"PATH_INFO": "/metrics", "HTTP_ACCEPT": accept}, lambda status, headers: None))
+
+
+def test_shared_rendering_policy_by_age() -> None:
+    """Under 1/2 max age: reused. Between 1/2 and the max age: the request refreshes it (others would keep
+    getting the old one meanwhile). Past the max age or on an idle server: a new rendering."""
+    from mcp_token_otel.emitters import metrics_server
+
+    clock, bodies, busy = _Clock(), [], [True]
+    shared = metrics_server._SingleFlight(_counting_app(bodies), 1.0, busy=lambda: busy[0], clock=clock)
+    assert _call(shared) == b"render 1 for text/plain"
+    clock.now += 0.4
+    assert _call(shared) == b"render 1 for text/plain"  # 0.4 s old: shared
+    clock.now += 0.2
+    assert _call(shared) == b"render 2 for text/plain"  # 0.6 s old: refreshed by this request
+    clock.now += 0.3
+    assert _call(shared) == b"render 2 for text/plain"
+    clock.now += 1.5
+    assert _call(shared) == b"render 3 for text/plain"  # too old
+    busy[0] = False
+    assert _call(shared) == b"render 4 for text/plain"  # idle server: always a new rendering
+    busy[0] = True
+    assert _call(shared, "application/openmetrics-text") == b"render 5 for application/openmetrics-text"
+    assert _call(shared) == b"render 4 for text/plain"  # one kept rendering per request shape
+    for i in range(100):  # a client varying its headers cannot grow what is kept
+        _call(shared, f"text/x-{i}")
+    assert len(shared._finished) <= metrics_server._KEPT_RENDERS
+
+
+def test_while_one_request_refreshes_the_others_get_the_kept_rendering() -> None:
+    from mcp_token_otel.emitters import metrics_server
+
+    clock, bodies, release = _Clock(), [], threading.Event()
+    counting = _counting_app(bodies)
+
+    def slow(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        if bodies:  # every rendering after the first waits until released
+            assert release.wait(30)
+        return counting(environ, start_response)
+
+    shared = metrics_server._SingleFlight(slow, 1.0, busy=lambda: True, clock=clock)
+    assert _call(shared) == b"render 1 for text/plain"
+    clock.now += 0.7
+    with ThreadPoolExecutor(1) as pool:
+        refreshing = pool.submit(_call, shared)
+        wait_for(lambda: bool(shared._flights), "the refresh to start")
+        assert [_call(shared) for _ in range(3)] == [b"render 1 for text/plain"] * 3  # nobody waits for it
+        release.set()
+        assert refreshing.result(timeout=30) == b"render 2 for text/plain"
+    assert _call(shared) == b"render 2 for text/plain"

@@ -129,6 +129,10 @@ DEFAULT_MAX_CONNECTIONS = 512
 #: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
 #: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
 DEFAULT_WORKERS = 16
+#: Seconds a finished rendering may be reused by scrapes arriving while the server is busy with others
+#: (prometheus.render_max_age_seconds). Prometheus scrapes every 15 s or so: a render under a second old is
+#: current for it, and a burst of scrapers then costs one rendering a second instead of one per wave.
+DEFAULT_RENDER_MAX_AGE = 1.0
 #: Pending connections the kernel queues before accept(): the standard library's 5 overflowed under 50
 #: parallel scrapers (each overflow costs the client a 1 s SYN retry).
 LISTEN_BACKLOG = 1024
@@ -164,7 +168,8 @@ def tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
 
 
 class _Flight:
-    def __init__(self) -> None:
+    def __init__(self, started: float) -> None:
+        self.started = started  # monotonic time the rendering began: its data is at least this fresh
         self.done = threading.Event()
         self.result: tuple[str, list[tuple[str, str]], bytes] | None = None
 
@@ -172,18 +177,40 @@ class _Flight:
 #: Request fields that select what a scrape returns: requests equal in these may share one rendering.
 #: The credentials are among them, so an unauthorised request never receives an authorised body.
 _FLIGHT_KEY = ("PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION")
+#: Finished renderings kept for reuse, at most (one per distinct request shape; a client varying its
+#: headers cannot grow this past the bound).
+_KEPT_RENDERS = 16
 
 
 class _SingleFlight:
-    """WSGI middleware: a request that arrives while an identical one is being rendered waits for that
-    rendering and gets the same bytes, instead of rendering the registry again. Under a burst of scrapers
-    the cost is one rendering per wave, not one per request; the data is never older than the request's
-    arrival by more than one rendering."""
+    """WSGI middleware sharing renderings between scrapes.
 
-    def __init__(self, app: WsgiApp) -> None:
+    * A request that arrives while an identical one is being rendered waits for that rendering and gets the
+      same bytes (headers and gzip included), instead of rendering the registry again.
+    * A request that arrives while the server is busy with other requests (``busy()``) may get the last
+      finished rendering if that began at most ``max_age`` seconds before the request arrived. Under a burst of
+      scrapers the cost is then one rendering per ``max_age``, not one per wave; the data is never more than
+      ``max_age`` older than the request.
+    * A request on an otherwise idle server always gets a rendering that began after it arrived (or joins one in
+      progress), so a scrape made after recording something sees it.
+    """
+
+    def __init__(
+        self,
+        app: WsgiApp,
+        max_age: float = 0.0,
+        busy: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._app = app
+        self._max_age = max_age
+        self._busy = busy or (lambda: False)
+        self._clock = clock
         self._lock = threading.Lock()
         self._flights: dict[tuple[str, ...], _Flight] = {}
+        self._finished: dict[tuple[str, ...], _Flight] = {}  # the last finished rendering per request shape
+        #: Renderings made (for tests and troubleshooting).
+        self.renders = 0
 
     def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         started: list[Any] = []
@@ -192,6 +219,7 @@ class _SingleFlight:
             started[:] = [status, headers]
             return lambda data: None
 
+        self.renders += 1
         chunks = self._app(environ, start_response)
         try:
             body = b"".join(chunks)
@@ -201,22 +229,50 @@ class _SingleFlight:
                 close()
         return started[0], list(started[1]), body
 
+    def _keep(self, key: tuple[str, ...], flight: _Flight) -> None:
+        """Remember a finished rendering (under the lock); drop the stale ones and keep the bound."""
+        if self._max_age <= 0 or flight.result is None:
+            return
+        self._finished.pop(key, None)
+        self._finished[key] = flight
+        oldest = flight.started - self._max_age
+        for stale in [k for k, f in self._finished.items() if f.started < oldest]:
+            del self._finished[stale]
+        while len(self._finished) > _KEPT_RENDERS:
+            del self._finished[next(iter(self._finished))]
+
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         key = tuple(str(environ.get(name, "")) for name in _FLIGHT_KEY)
+        arrived = self._clock()
+        result = None
         with self._lock:
             flight = self._flights.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[key] = _Flight()
-        if leader:
+            leader = False
+            recent = self._finished.get(key)
+            age = arrived - recent.started if recent is not None else self._max_age + 1
+            if age <= self._max_age and self._busy():
+                # Reuse; past half its age one request refreshes it meanwhile, so the others never wait.
+                result = recent.result if recent is not None else None
+                if flight is None and age > self._max_age / 2:
+                    result, leader = None, True
+            elif flight is None:
+                leader = True
+            if leader:
+                flight = self._flights[key] = _Flight(arrived)
+        if result is not None:
+            pass
+        elif leader:
+            assert flight is not None
             try:
                 flight.result = self._render(environ)
             finally:
                 with self._lock:
                     del self._flights[key]
+                    self._keep(key, flight)
                 flight.done.set()
             result = flight.result
         else:
+            assert flight is not None
             flight.done.wait(60)
             result = flight.result if flight.result is not None else self._render(environ)  # leader failed
         status, headers, body = result
@@ -277,9 +333,10 @@ class MetricsServer:
         max_connections: int,
         request_timeout: float,
         workers: int,
+        render_max_age: float = DEFAULT_RENDER_MAX_AGE,
     ) -> None:
         self._listener = listener
-        self._app = _SingleFlight(app)
+        self._app = _SingleFlight(app, render_max_age, busy=lambda: self._open > 1)
         self._context = context
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -327,19 +384,28 @@ class MetricsServer:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         workers: int = DEFAULT_WORKERS,
         render: Callable[[], bytes] | None = None,
+        render_max_age: float = DEFAULT_RENDER_MAX_AGE,
     ) -> MetricsServer:
         """Listen on host:port (0 picks a free port; an IPv6 address such as ``::1`` works too). ``render``:
-        the plain-text exposition of ``registry``, faster than prometheus-client's (OpenMetrics keeps it)."""
+        the plain-text exposition of ``registry``, faster than prometheus-client's (OpenMetrics keeps it).
+        ``render_max_age``: how old a finished rendering may be when a scrape arriving on a busy server reuses
+        it (0: share only renderings in progress); see :class:`_SingleFlight`."""
         context = tls_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # before binding
         listener = _listen(host, port)
         return cls(
             listener, metrics_wsgi_app(registry, auth, render), "https" if context else "http", context,
             max_connections=max_connections, request_timeout=request_timeout, workers=max(1, workers),
+            render_max_age=max(0.0, render_max_age),
         )
 
     @property
     def open_connections(self) -> int:
         return self._open
+
+    @property
+    def renders(self) -> int:
+        """Renderings made so far (scrapes that shared one do not count)."""
+        return self._app.renders
 
     def get_app(self) -> WsgiApp:  # what wsgiref's handler asks its server for
         return self._app
