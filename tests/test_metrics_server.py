@@ -419,3 +419,52 @@ def test_while_one_request_refreshes_the_others_get_the_kept_rendering() -> None
         release.set()
         assert refreshing.result(timeout=30) == b"render 2 for text/plain"
     assert _call(shared) == b"render 2 for text/plain"
+
+
+def _raw(server: MetricsServer, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Send a raw request; the status line, headers and body of the answer (the server closes after it)."""
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return status.encode(), headers, body
+
+
+def test_requests_are_answered_as_http(start: Callable[..., MetricsServer]) -> None:
+    """The worker parses request heads itself: methods, gzip, HEAD, bad heads and header names."""
+    import gzip
+
+    server = start()
+    status, headers, body = _raw(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == b"HTTP/1.1 200 OK" and headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body) and b"demo_things_total" in body and "date" in headers
+    status, headers, zipped = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n")
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == body
+    status, headers, empty = _raw(server, b"HEAD /metrics HTTP/1.1\n\n")  # bare LF line ends too
+    assert empty == b"" and int(headers["content-length"]) > 0
+    status, headers, body = _raw(server, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 405") and headers["allow"] == "OPTIONS,GET"
+    for bad in (b"GET /metrics\r\n\r\n", b"\x00\x01 garbage\r\n\r\n", b"GET / SPDY/3\r\n\r\n"):
+        status, _, body = _raw(server, bad)
+        assert status == b"HTTP/1.1 400 Bad Request" and body == b""
+    wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+
+
+def test_header_names_with_underscores_cannot_pose_as_credentials() -> None:
+    import base64
+
+    from mcp_token_otel.emitters.metrics_server import BasicAuth
+
+    server = MetricsServer.start("127.0.0.1", 0, registry(), auth=BasicAuth("prom", "pw"))
+    token = base64.b64encode(b"prom:pw")
+    try:
+        status, _, _ = _raw(server, b"GET /metrics HTTP/1.1\r\nAuthorization_: Basic " + token + b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 401")
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nauthorization:  Basic " + token + b"\r\n\r\n")
+        assert status == b"HTTP/1.1 200 OK" and b"demo_things_total" in body
+    finally:
+        server.close()
