@@ -8,7 +8,7 @@ The standalone server is built to stay cheap under load and abuse. One thread ac
 reads request heads without blocking (a selector), so a client that connects and drips its headers holds a
 socket, not a thread; a complete request goes to a fixed pool of worker threads that parse its head, get the
 response and write it in one ``sendall``. Renderings are shared (see :class:`_SingleFlight`): scrapes that
-arrive together share one, and while other clients are connected a rendering under ``render_max_age``
+arrive together share one, and while other clients wait for an answer a rendering under ``render_max_age``
 seconds old is reused, so 50 scrapers back to back cost about two renderings a second, not one per scrape;
 a scrape on an otherwise idle server always renders afresh. Every connection has a deadline for its TLS
 handshake and whole request head (``request_timeout``); past ``max_connections`` open connections new ones
@@ -134,7 +134,7 @@ DEFAULT_MAX_CONNECTIONS = 512
 #: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
 #: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
 DEFAULT_WORKERS = 16
-#: Seconds a finished rendering may be reused by scrapes arriving while the server is busy with others
+#: Seconds a finished rendering may be reused by scrapes arriving while other clients wait for an answer
 #: (prometheus.render_max_age_seconds). Prometheus scrapes every 15 s or so: a render under a second old is
 #: current for it, and a burst of scrapers then costs one rendering a second instead of one per wave.
 DEFAULT_RENDER_MAX_AGE = 1.0
@@ -220,7 +220,7 @@ class _SingleFlight:
 
     * A request that arrives while an identical one is being rendered waits for that rendering and gets the
       same bytes (headers and gzip included), instead of rendering the registry again.
-    * A request that arrives while the server is busy with other clients (``busy()``) may get the last
+    * A request that arrives while other clients wait for an answer (``busy()``) may get the last
       finished rendering if that began at most ``max_age`` seconds before the request arrived; past half that
       age one such request renders anew meanwhile, so the others never wait for a rendering. Under a burst of
       scrapers the cost is about one rendering per ``max_age / 2``, not one per request or per wave; the data
@@ -352,6 +352,7 @@ class _Connection:
     handshaking: bool
     head: bytearray = field(default_factory=bytearray)
     done: bool = False  # dispatched to a worker or dropped
+    settled: bool = False  # its response is decided (being written) or it is closed
 
 
 class MetricsServer:
@@ -370,7 +371,10 @@ class MetricsServer:
         render_max_age: float = DEFAULT_RENDER_MAX_AGE,
     ) -> None:
         self._listener = listener
-        self._app = _SingleFlight(app, render_max_age, busy=lambda: self._open > 1)
+        # Busy: another client is waiting for an answer. A connection stops counting once its response is
+        # decided, before any of it is sent, so a client that scrapes again after reading its answer never
+        # finds its own previous connection counted.
+        self._app = _SingleFlight(app, render_max_age, busy=lambda: self._unsettled > 1)
         self._context = context
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -389,6 +393,7 @@ class MetricsServer:
         self.timed_out = 0
         self.served = 0
         self._open = 0  # connections accepted and not yet closed
+        self._unsettled = 0  # connections accepted whose response is not decided yet
         self._lock = threading.Lock()
         self._stopping = False
         self._selector = selectors.DefaultSelector()
@@ -490,6 +495,7 @@ class MetricsServer:
             conn = _Connection(sock, address, time.monotonic() + self.request_timeout, handshaking)
             with self._lock:
                 self._open += 1
+                self._unsettled += 1
             self._reading.append(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
             self._readable(conn)  # a scraper's request often arrives with its connection: no wait for select
@@ -546,7 +552,14 @@ class MetricsServer:
                 self.timed_out += 1
                 self._drop(conn)
 
+    def _settle(self, conn: _Connection) -> None:
+        with self._lock:
+            if not conn.settled:
+                conn.settled = True
+                self._unsettled -= 1
+
     def _close(self, conn: _Connection) -> None:
+        self._settle(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
         with self._lock:
@@ -578,13 +591,16 @@ class MetricsServer:
         environ["REMOTE_ADDR"] = str(conn.address[0]) if isinstance(conn.address, tuple) else ""
         environ["wsgi.input"] = io.BytesIO()
         if not _parse_head(bytes(conn.head), environ):
+            self._settle(conn)
             conn.sock.sendall(_BAD_REQUEST)
             return
         try:
             response = self._app.respond(environ)
         except Exception:
+            self._settle(conn)
             conn.sock.sendall(_SERVER_ERROR)
             raise
+        self._settle(conn)
         conn.sock.sendall(response.wire(with_body=environ["REQUEST_METHOD"] != "HEAD"))
 
     def close(self) -> None:
