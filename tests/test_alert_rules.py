@@ -43,12 +43,12 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_responses_total": {"side", "server", "method", "tool", "risk_tier"},
     "mcp_token_risk_breaches_total": {"side", "server", "method", "tool", "risk_tier"},
     "mcp_token_call_errors_total": {"side", "server", "method", "tool", "error_type"},
-    "mcp_token_sessions": {"side", "state"},
+    "mcp_token_sessions": {"side", "server", "state"},
     "mcp_token_session_transitions_total": {"side", "server", "state"},
     "mcp_token_tool_definitions_tokens": {"server"},
     "mcp_token_tool_definition_tokens": {"server", "tool"},
-    "mcp_token_instrumentation_errors_total": {"stage"},
-    "mcp_token_output_rate_budget_tokens_per_second": {"scope"},
+    "mcp_token_instrumentation_errors_total": {"stage", "server"},
+    "mcp_token_output_rate_budget_tokens_per_second": {"scope", "server"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}

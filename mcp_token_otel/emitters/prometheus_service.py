@@ -52,7 +52,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
     ``metrics_app()``.
     """
     metrics = PrometheusMetrics(
-        states=recorder.states,
+        states=recorder.session_states,
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
         created_series=config.created_series,
