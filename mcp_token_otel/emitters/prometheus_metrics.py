@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -64,6 +65,8 @@ PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128
 _BREACH_TIERS = tuple(sorted(BREACH_TIERS))
 _MAX_CACHED_SERIES = 10_000
+#: Multiprocess mode: seconds between a worker's refreshes of its live-sessions gauge (done on a message).
+_STATES_INTERVAL = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: Live sessions per (side, server) and state, as the recorder reports them (TokenRecorder.session_states);
@@ -453,6 +456,7 @@ class _SharedFileFamilies:
         self, r: CollectorRegistry, states: StatesFn | None, rate_budgets: Mapping[str, float], server: str
     ) -> None:
         self._states = states
+        self._states_read = float("-inf")
         self._server = server
         self.message_tokens = Histogram(
             f"{PREFIX}_message_tokens", _HELP["message_tokens"], list(_MESSAGE_LABELS), buckets=TOKEN_BUCKETS,
@@ -549,7 +553,10 @@ class _SharedFileFamilies:
         if overhead is not None:
             overhead.observe(m.overhead_ratio)
             responses[m.risk_tier].inc()
-        if self._states is not None:
+        now = time.monotonic()
+        if self._states is not None and now - self._states_read >= _STATES_INTERVAL:
+            # Reading the states is a pass over the live sessions: once a second at most, not per message.
+            self._states_read = now
             for session_side, server_label, counts in _by_server(self._states(), self._server):
                 for state in BUDGET_STATES:
                     self.live_sessions.labels(session_side, label_value(server_label), state).set(counts.get(state, 0))
