@@ -468,3 +468,22 @@ def test_header_names_with_underscores_cannot_pose_as_credentials() -> None:
         assert status == b"HTTP/1.1 200 OK" and b"demo_things_total" in body
     finally:
         server.close()
+
+
+def test_a_failing_rendering_answers_500_and_the_next_scrape_renders_again() -> None:
+    calls: list[int] = []
+
+    def render() -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("collector failed")
+        return b"demo_things_total 1.0\n"
+
+    server = MetricsServer.start("127.0.0.1", 0, registry(), render=render)
+    try:
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status == b"HTTP/1.1 500 Internal Server Error" and body == b""
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status == b"HTTP/1.1 200 OK" and body == b"demo_things_total 1.0\n" and len(calls) == 2
+    finally:
+        server.close()

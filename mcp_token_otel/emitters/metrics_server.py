@@ -295,13 +295,13 @@ class _SingleFlight:
                 self._flights[key] = flight
         if leader:
             try:
-                flight.result = self._render(environ)
+                result = flight.result = self._render(environ)
             finally:
                 with self._lock:
                     del self._flights[key]
                     self._keep(key, flight)
                 flight.done.set()
-            return flight.result
+            return result
         flight.done.wait(60)
         return flight.result if flight.result is not None else self._render(environ)  # the leader failed
 
