@@ -485,5 +485,7 @@ def test_a_failing_rendering_answers_500_and_the_next_scrape_renders_again() -> 
         assert status == b"HTTP/1.1 500 Internal Server Error" and body == b""
         status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
         assert status == b"HTTP/1.1 200 OK" and body == b"demo_things_total 1.0\n" and len(calls) == 2
+        status, _, _ = _raw(server, b"POST /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 405") and len(calls) == 2  # the fast renderer answers GET only
     finally:
         server.close()

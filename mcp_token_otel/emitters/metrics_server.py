@@ -73,7 +73,11 @@ def _fast_text(app: WsgiApp, render: Callable[[], bytes]) -> WsgiApp:
 
     def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         accept = environ.get("HTTP_ACCEPT", "")
-        if "application/openmetrics-text" in accept or "name[]" in environ.get("QUERY_STRING", ""):
+        if (
+            "application/openmetrics-text" in accept
+            or "name[]" in environ.get("QUERY_STRING", "")
+            or environ.get("REQUEST_METHOD", "GET") != "GET"  # prometheus-client answers the others (405...)
+        ):
             return app(environ, start_response)
         body = render()
         headers = [("Content-Type", _TEXT_0_0_4)]
