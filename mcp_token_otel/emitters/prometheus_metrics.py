@@ -108,7 +108,8 @@ def multiprocess_registry() -> CollectorRegistry:
 
 
 class _SessionsCollector(Collector):
-    """``mcp_token_sessions``, read from the recorder at scrape time (O(1): the registry keeps counts)."""
+    """``mcp_token_sessions``, read from the recorder at scrape time (TokenRecorder.session_states: one pass
+    over the live sessions, at most ``budget.max_sessions`` per side)."""
 
     def __init__(self, states: StatesFn, server: str) -> None:
         self._states = states
