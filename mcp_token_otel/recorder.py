@@ -575,11 +575,15 @@ class TokenRecorder:
             live = {side: reg.sessions() for side, reg in self.sessions.items()}
         default = self.server_label()
         out = {key: dict.fromkeys(BUDGET_STATES, 0) for key in self._session_servers}
+        labels: dict[str | None, str] = {None: default}  # a session's label depends only on its meta.server
         for side, sessions in live.items():
             out.setdefault((side, default), dict.fromkeys(BUDGET_STATES, 0))
             for session_id, state in sessions:
                 meta = self._session_meta.get((side, session_id))
-                server = self._server(meta) if meta is not None else default
+                name = meta.server if meta is not None else None
+                server = labels.get(name)
+                if server is None:
+                    server = labels[name] = self._server(meta)
                 counts = out.get((side, server))
                 if counts is None:
                     counts = out[side, server] = dict.fromkeys(BUDGET_STATES, 0)
