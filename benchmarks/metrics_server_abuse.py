@@ -11,7 +11,12 @@ Prints median, mean, p95, p99 and max latency per arm, requests answered and fai
 Targets (issue 9): 50 scrapers p99 < 100 ms; with 500 drip clients the thread count stays at its cap and
 real scrapes stay < 50 ms.
 
+With ``--baseline DIR`` (another checkout, e.g. ``git worktree add /tmp/base REV``) both trees' demos run side
+by side and every arm alternates between them (``--rounds`` times), so before and after are measured in the
+same conditions on a shared machine.
+
     python benchmarks/metrics_server_abuse.py [--seconds 10] [--scrapers 50] [--drips 500]
+    python benchmarks/metrics_server_abuse.py --baseline /tmp/base --rounds 3 --seconds 8
 """
 
 from __future__ import annotations
@@ -135,64 +140,116 @@ def row(name: str, latencies: list[float], failures: int, extra: str = "") -> st
             f"{q(0.95):.1f} | {q(0.99):.1f} | {ms[-1]:.1f} | {extra} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each arm")
-    parser.add_argument("--scrapers", type=int, default=50)
-    parser.add_argument("--drips", type=int, default=500)
-    args = parser.parse_args()
+class Demo:
+    """``mcp-token-otel demo`` from a source tree, serving /metrics on a free port while its sessions run."""
 
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "mcp_token_otel.cli", "demo", "--metrics-port", "0", "--duration", "0", "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )
-    try:
-        assert demo.stdout is not None
-        first = demo.stdout.readline()
+    def __init__(self, tree: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mcp_token_otel.cli", "demo", "--metrics-port", "0", "--duration", "0", "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tree,
+        )
+        assert self.process.stdout is not None
+        first = self.process.stdout.readline()
         match = re.search(r"metrics at (\S+)", first)
         if not match:
-            raise SystemExit(f"demo did not start: {first!r}")
+            self.close()
+            raise SystemExit(f"demo from {tree} did not start: {first!r}")
         url = urlsplit(match.group(1))
-        host, port = url.hostname or "127.0.0.1", url.port or 0
-        time.sleep(3)  # let the demo's sessions fill every family
-        conn = http.client.HTTPConnection(host, port, timeout=30)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def size(self) -> int:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         conn.request("GET", "/metrics")
         size = len(conn.getresponse().read())
         conn.close()
-        threads_idle = threads_of(demo.pid)
-        print(f"demo /metrics: {size:,} bytes; demo process threads at rest: {threads_idle}")
-        print()
-        print("| arm | scrapes | failed | median ms | mean ms | p95 ms | p99 ms | max ms | server threads |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        lat, fail = run_scrapers(host, port, 1, args.seconds)
-        print(row("idle (1 scraper)", lat, fail, str(threads_of(demo.pid))), flush=True)
-        lat, fail = run_scrapers(host, port, args.scrapers, args.seconds)
-        print(row(f"{args.scrapers} scrapers", lat, fail, str(threads_of(demo.pid))), flush=True)
-        drips = Drippers(host, port, args.drips)
-        drips.start()
-        time.sleep(2)
-        peak = threads_of(demo.pid)
-        sampler_stop = threading.Event()
+        return size
 
-        def sample() -> None:
-            nonlocal peak
-            while not sampler_stop.wait(0.2):
-                peak = max(peak, threads_of(demo.pid))
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
 
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        lat, fail = run_scrapers(host, port, 1, args.seconds)
-        sampler_stop.set()
-        sampler.join()
-        drips.close()
-        print(row(f"1 scraper + {args.drips} drip clients", lat, fail, f"peak {peak}"), flush=True)
+
+def drip_arm(demo: Demo, drips: int, seconds: float) -> tuple[list[float], int, int, int]:
+    """One scraper while ``drips`` slow-drip clients hold connections: latencies, failures, peak threads, cuts."""
+    clients = Drippers(demo.host, demo.port, drips)
+    clients.start()
+    time.sleep(2)
+    peak = threads_of(demo.pid)
+    sampler_stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not sampler_stop.wait(0.2):
+            peak = max(peak, threads_of(demo.pid))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    lat, fail = run_scrapers(demo.host, demo.port, 1, seconds)
+    sampler_stop.set()
+    sampler.join()
+    clients.close()
+    return lat, fail, peak, clients.cut
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each arm (per round)")
+    parser.add_argument("--scrapers", type=int, default=50)
+    parser.add_argument("--drips", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every arm, interleaved across trees")
+    parser.add_argument(
+        "--baseline", type=Path, default=None,
+        help="another source tree (e.g. `git worktree add /tmp/base REV`): its demo runs beside this one and "
+        "every arm alternates between the two, so both are measured in the same conditions",
+    )
+    args = parser.parse_args()
+
+    root = Path(__file__).resolve().parent.parent
+    trees = {"this tree": root}
+    if args.baseline is not None:
+        trees = {"baseline": args.baseline.resolve(), **trees}
+    demos: dict[str, Demo] = {}
+    try:
+        for name, tree in trees.items():
+            demos[name] = Demo(tree)
+        time.sleep(3)  # let the demos' sessions fill every family
+        for name, demo in demos.items():
+            print(f"{name}: demo /metrics {demo.size():,} bytes; demo process threads at rest: {threads_of(demo.pid)}")
         print()
-        print(f"drip clients cut by the server's request deadline (and reconnected): {drips.cut}")
+        arms = ("idle (1 scraper)", f"{args.scrapers} scrapers", f"1 scraper + {args.drips} drip clients")
+        results: dict[tuple[str, str], tuple[list[float], int, int, int]] = {
+            (arm, name): ([], 0, 0, 0) for arm in arms for name in demos
+        }
+        for _ in range(args.rounds):
+            for arm in arms:
+                for name, demo in demos.items():  # interleaved: each tree's run of an arm follows the other's
+                    lat, fail, peak, cut = results[arm, name]
+                    if arm == arms[2]:
+                        more, failed, top, cuts = drip_arm(demo, args.drips, args.seconds)
+                        results[arm, name] = (lat + more, fail + failed, max(peak, top), cut + cuts)
+                    else:
+                        clients = 1 if arm == arms[0] else args.scrapers
+                        more, failed = run_scrapers(demo.host, demo.port, clients, args.seconds)
+                        results[arm, name] = (lat + more, fail + failed, max(peak, threads_of(demo.pid)), cut)
+        print("| arm | tree | scrapes | failed | median ms | mean ms | p95 ms | p99 ms | max ms | server threads |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for arm in arms:
+            for name in demos:
+                lat, fail, peak, _ = results[arm, name]
+                threads = f"peak {peak}" if arm == arms[2] else str(peak)
+                print(row(arm, lat, fail, threads).replace(f"| {arm} |", f"| {arm} | {name} |", 1), flush=True)
+        print()
+        for name in demos:
+            cut = results[arms[2], name][3]
+            print(f"{name}: drip clients cut by the server's request deadline (and reconnected): {cut}")
     finally:
-        demo.terminate()
-        demo.wait(timeout=60)
+        for demo in demos.values():
+            demo.close()
 
 
 if __name__ == "__main__":

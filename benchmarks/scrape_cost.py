@@ -30,7 +30,7 @@ METHODS = ("tools/list", "resources/list", "resources/read", "prompts/list", "pr
 def populate(tools: int, created: bool) -> PrometheusMetrics:
     config = config_from_dict({"metrics": {"max_tool_names": tools}})
     recorder = TokenRecorder(config, TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(states=recorder.states, created_series=created)
+    sink = PrometheusMetrics(states=recorder.session_states, created_series=created)
     recorder.sinks = [sink]  # only the sink under test
     names = [f"tool_{i:03d}" for i in range(tools)]
     recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": n} for n in names]})

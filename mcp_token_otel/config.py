@@ -121,6 +121,11 @@ class PrometheusConfig:
     max_connections: int = field(default=512, metadata=_POSITIVE_INT)
     #: Seconds a client has for the TLS handshake and the whole request head (slow-drip clients are dropped).
     request_timeout_seconds: float = field(default=5.0, metadata=_POSITIVE)
+    #: Seconds a finished rendering may be reused by scrapes that arrive while other clients wait for an answer
+    #: (0: share only renderings in progress); a scrape on an otherwise idle server always renders afresh.
+    render_max_age_seconds: float = field(
+        default=1.0, metadata=_check("a number of seconds from 0 to 60", lambda v: 0 <= v <= 60)
+    )
     #: Sustained output-token budgets (tokens per second) exported for the McpTokenSustainedHighUsage alert.
     tool_output_rate_budget: float = field(default=100.0, metadata=_POSITIVE)
     service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)

@@ -28,7 +28,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from .config import Config, build_policy
-from .core.budget import BudgetUpdate, SessionBudget, SessionRegistry
+from .core.budget import BUDGET_STATES, BudgetUpdate, SessionBudget, SessionRegistry
 from .core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from .core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
 from .core.measure import Measurement, Policy, measure_error, measure_request, measure_result
@@ -87,13 +87,15 @@ def _server_info_name(result: Any) -> str | None:
 class _SessionMeta:
     """What the recorder keeps per live session for its metrics: when it began and which server it is."""
 
-    __slots__ = ("protocol", "server", "started", "transport")
+    __slots__ = ("pending", "protocol", "server", "started", "transport")
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.server: str | None = None
         self.transport: str | None = None
         self.protocol: str | None = None
+        #: A client's initialize request, recorded once its result names the server (see record_input).
+        self.pending: tuple[Any, ...] | None = None
 
 
 def _status_unset(span: Span) -> bool:
@@ -219,6 +221,7 @@ class TokenRecorder:
         #: The name when nothing more specific is known (the proxy's --name).
         self.default_server: str = server_name or ""
         self._session_meta: dict[tuple[str, str], _SessionMeta] = {}
+        self._session_servers: set[tuple[str, str]] = set()  # (side, server) pairs the sessions gauge shows
         self.method_names = NameLimiter(MAX_METHODS + len(SPEC_METHODS), self.config.metrics.overflow_tool_name)
         for spec_method in SPEC_METHODS:
             self.method_names(spec_method)
@@ -259,8 +262,9 @@ class TokenRecorder:
             otel_sink: Any = OtelMetricsSink(
                 meter_provider,
                 __version__,
-                states=self.states,
+                states=self.session_states,
                 rate_budgets={"tool": prom.tool_output_rate_budget, "service": prom.service_output_rate_budget},
+                server=self.server_label(),
             )
             if self.config.metrics.defer_otel:  # the OTel SDK's per-point cost stays off the call path
                 otel_sink = DeferredSink(otel_sink, on_error=self._fault)
@@ -299,12 +303,21 @@ class TokenRecorder:
         self.sinks.append(sink)
 
     def _fault(self, stage: str) -> None:
-        """Count and log an instrumentation fault; never raises."""
+        """Count and log an instrumentation fault; never raises. A fault has no session to name its server:
+        the built-in sinks get the server_label() (without calling it: its own faults come here)."""
         self.error_counts[stage] += 1
         logger.debug("mcp_token_otel: fault in stage %s", stage, exc_info=True)
+        try:
+            name = self._server_override or self.default_server
+            server = (self.server_names(name) or "") if name else ""
+        except Exception:
+            server = ""
         for sink in self.sinks:
             try:
-                sink.record_error(stage)
+                if getattr(sink, "server_aware", False) is True:
+                    sink.record_error(stage, server)
+                else:
+                    sink.record_error(stage)
             except Exception:
                 self.error_counts["metrics"] += 1
 
@@ -423,7 +436,12 @@ class TokenRecorder:
                 span.set_attributes(attrs)
         except Exception:
             self._fault("span")
-        self._metrics(side, method, measurement.tool_name, "input", measurement, update, self._server(meta, server))
+        label = self._server(meta, server)
+        if not label and method == "initialize" and side != "server" and meta is not None:
+            # The server's name arrives with this request's result: its metrics are recorded then, with it.
+            meta.pending = (side, method, measurement.tool_name, "input", measurement, update)
+        else:
+            self._metrics(side, method, measurement.tool_name, "input", measurement, update, label)
         return measurement
 
     # ------------------------------------------------------------------ guards
@@ -656,6 +674,9 @@ class TokenRecorder:
         if error is None and method in ("initialize", "tools/list"):
             definitions = self._from_result(side, method, result, meta)
         server_label = self._server(meta, server)
+        if meta is not None and meta.pending is not None:  # the initialize request, now with its server
+            pending, meta.pending = meta.pending, None
+            self._metrics(*pending, server_label)
         call = CallInfo(measurement.error_type, duration_s)
         try:
             if span is not None and span.is_recording():
@@ -772,6 +793,32 @@ class TokenRecorder:
         with self._budget_lock:
             return {side: dict(reg.states()) for side, reg in self.sessions.items()}
 
+    def session_states(self) -> dict[tuple[str, str], dict[str, int]]:
+        """Live sessions per (side, server label) and budget state, every state present: what the sessions
+        gauges show. Read at collection (one pass over the live sessions); a (side, server) seen once keeps
+        its series at 0 when its sessions end. Sessions whose server is not known yet count under
+        server_label()."""
+        with self._budget_lock:
+            live = {side: reg.sessions() for side, reg in self.sessions.items()}
+        default = self.server_label()
+        out = {key: dict.fromkeys(BUDGET_STATES, 0) for key in self._session_servers}
+        labels: dict[str | None, str] = {None: default}  # a session's label depends only on its meta.server
+        for side, sessions in live.items():
+            out.setdefault((side, default), dict.fromkeys(BUDGET_STATES, 0))
+            for session_id, state in sessions:
+                meta = self._session_meta.get((side, session_id))
+                name = meta.server if meta is not None else None
+                server = labels.get(name)
+                if server is None:
+                    server = labels[name] = self._server(meta)
+                counts = out.get((side, server))
+                if counts is None:
+                    counts = out[side, server] = dict.fromkeys(BUDGET_STATES, 0)
+                counts[state] += 1
+        if len(out) <= 1_000:  # labels are bounded; this bounds the set whatever happens
+            self._session_servers = set(out)
+        return out
+
     # ------------------------------------------------------------------ internals
 
     def _session_ended_callback(self, side: Side) -> Callable[[str, SessionBudget, str], None]:
@@ -788,6 +835,8 @@ class TokenRecorder:
             call = CallInfo()
             if meta is not None:
                 call = CallInfo(None, max(0.0, time.monotonic() - meta.started), meta.transport, meta.protocol)
+                if meta.pending is not None:  # an initialize that never got its result
+                    self._metrics(*meta.pending, self._server(meta))
             self._emit("record_session_end", side, utilization, server=(self._server(meta), call))
 
     def _budget(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:

@@ -283,3 +283,209 @@ def test_a_sequential_scrape_sees_what_was_recorded_before_it() -> None:
                 assert f"fresh_total {float(i)}".encode() in response.read()
     finally:
         server.close()
+
+
+def _fresh_value(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("fresh_total "):
+                return float(line.split()[1])
+    raise AssertionError("fresh_total missing")
+
+
+def test_scrapes_while_others_are_connected_share_a_recent_rendering() -> None:
+    """With another client connected, a scrape may get the last rendering if it began within
+    render_max_age; once no one else is connected, a scrape renders afresh and sees the new value."""
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=60.0)
+    try:
+        counter.inc()
+        assert _fresh_value(server.url) == 1.0 and server.renders == 1
+        wait_for(lambda: server.open_connections == 0, "the first scrape's connection to be closed")
+        other = drip_client(server)  # another client connected: the server is busy
+        try:
+            wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+            for _ in range(5):
+                counter.inc()
+                assert _fresh_value(server.url) == 1.0  # the shared rendering, under a minute old
+            assert server.renders == 1
+        finally:
+            other.close()
+        wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+        assert _fresh_value(server.url) == 6.0 and server.renders == 2  # alone again: a new rendering
+    finally:
+        server.close()
+
+
+def test_a_rendering_past_its_max_age_is_not_reused() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0.05)
+    other = drip_client(server)
+    try:
+        wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+        for i in range(1, 4):
+            counter.inc()
+            time.sleep(0.1)  # past the 50 ms max age: the previous rendering is too old to share
+            assert _fresh_value(server.url) == float(i)
+        assert server.renders == 3
+    finally:
+        other.close()
+        server.close()
+
+
+def test_max_age_zero_shares_only_renderings_in_progress() -> None:
+    reg = CollectorRegistry()
+    counter = Counter("fresh", "freshness", registry=reg)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0)
+    other = drip_client(server)
+    try:
+        wait_for(lambda: server.open_connections == 1, "the other client to be connected")
+        for i in range(1, 11):
+            counter.inc()
+            assert _fresh_value(server.url) == float(i)
+        assert server.renders == 10
+    finally:
+        other.close()
+        server.close()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _counting_app(bodies: list[bytes]) -> Callable[..., list[bytes]]:
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        bodies.append(f"render {len(bodies) + 1} for {environ.get('HTTP_ACCEPT', '')}".encode())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [bodies[-1]]
+
+    return app
+
+
+def _call(app: Callable[..., list[bytes]], accept: str = "text/plain") -> bytes:
+    return b"".join(app({"PATH_INFO": "/metrics", "HTTP_ACCEPT": accept}, lambda status, headers: None))
+
+
+def test_shared_rendering_policy_by_age() -> None:
+    """Under 1/2 max age: reused. Between 1/2 and the max age: the request refreshes it (others would keep
+    getting the old one meanwhile). Past the max age or on an idle server: a new rendering."""
+    from mcp_token_otel.emitters import metrics_server
+
+    clock, bodies, busy = _Clock(), [], [True]
+    shared = metrics_server._SingleFlight(_counting_app(bodies), 1.0, busy=lambda: busy[0], clock=clock)
+    assert _call(shared) == b"render 1 for text/plain"
+    clock.now += 0.4
+    assert _call(shared) == b"render 1 for text/plain"  # 0.4 s old: shared
+    clock.now += 0.2
+    assert _call(shared) == b"render 2 for text/plain"  # 0.6 s old: refreshed by this request
+    clock.now += 0.3
+    assert _call(shared) == b"render 2 for text/plain"
+    clock.now += 1.5
+    assert _call(shared) == b"render 3 for text/plain"  # too old
+    busy[0] = False
+    assert _call(shared) == b"render 4 for text/plain"  # idle server: always a new rendering
+    busy[0] = True
+    assert _call(shared, "application/openmetrics-text") == b"render 5 for application/openmetrics-text"
+    assert _call(shared) == b"render 4 for text/plain"  # one kept rendering per request shape
+    for i in range(100):  # a client varying its headers cannot grow what is kept
+        _call(shared, f"text/x-{i}")
+    assert len(shared._finished) <= metrics_server._KEPT_RENDERS
+
+
+def test_while_one_request_refreshes_the_others_get_the_kept_rendering() -> None:
+    from mcp_token_otel.emitters import metrics_server
+
+    clock, bodies, release = _Clock(), [], threading.Event()
+    counting = _counting_app(bodies)
+
+    def slow(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
+        if bodies:  # every rendering after the first waits until released
+            assert release.wait(30)
+        return counting(environ, start_response)
+
+    shared = metrics_server._SingleFlight(slow, 1.0, busy=lambda: True, clock=clock)
+    assert _call(shared) == b"render 1 for text/plain"
+    clock.now += 0.7
+    with ThreadPoolExecutor(1) as pool:
+        refreshing = pool.submit(_call, shared)
+        wait_for(lambda: bool(shared._flights), "the refresh to start")
+        assert [_call(shared) for _ in range(3)] == [b"render 1 for text/plain"] * 3  # nobody waits for it
+        release.set()
+        assert refreshing.result(timeout=30) == b"render 2 for text/plain"
+    assert _call(shared) == b"render 2 for text/plain"
+
+
+def _raw(server: MetricsServer, request: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    """Send a raw request; the status line, headers and body of the answer (the server closes after it)."""
+    with socket.create_connection((server.host, server.port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return status.encode(), headers, body
+
+
+def test_requests_are_answered_as_http(start: Callable[..., MetricsServer]) -> None:
+    """The worker parses request heads itself: methods, gzip, HEAD, bad heads and header names."""
+    import gzip
+
+    server = start()
+    status, headers, body = _raw(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == b"HTTP/1.1 200 OK" and headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body) and b"demo_things_total" in body and "date" in headers
+    status, headers, zipped = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept-Encoding: gzip\r\n\r\n")
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(zipped) == body
+    status, headers, empty = _raw(server, b"HEAD /metrics HTTP/1.1\n\n")  # bare LF line ends too
+    assert empty == b"" and int(headers["content-length"]) > 0
+    status, headers, body = _raw(server, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 405") and headers["allow"] == "OPTIONS,GET"
+    for bad in (b"GET /metrics\r\n\r\n", b"\x00\x01 garbage\r\n\r\n", b"GET / SPDY/3\r\n\r\n"):
+        status, _, body = _raw(server, bad)
+        assert status == b"HTTP/1.1 400 Bad Request" and body == b""
+    wait_for(lambda: server.open_connections == 0, "every connection to be closed")
+
+
+def test_header_names_with_underscores_cannot_pose_as_credentials() -> None:
+    import base64
+
+    from mcp_token_otel.emitters.metrics_server import BasicAuth
+
+    server = MetricsServer.start("127.0.0.1", 0, registry(), auth=BasicAuth("prom", "pw"))
+    token = base64.b64encode(b"prom:pw")
+    try:
+        status, _, _ = _raw(server, b"GET /metrics HTTP/1.1\r\nAuthorization_: Basic " + token + b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 401")
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nauthorization:  Basic " + token + b"\r\n\r\n")
+        assert status == b"HTTP/1.1 200 OK" and b"demo_things_total" in body
+    finally:
+        server.close()
+
+
+def test_a_failing_rendering_answers_500_and_the_next_scrape_renders_again() -> None:
+    calls: list[int] = []
+
+    def render() -> bytes:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("collector failed")
+        return b"demo_things_total 1.0\n"
+
+    server = MetricsServer.start("127.0.0.1", 0, registry(), render=render)
+    try:
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status == b"HTTP/1.1 500 Internal Server Error" and body == b""
+        status, _, body = _raw(server, b"GET /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status == b"HTTP/1.1 200 OK" and body == b"demo_things_total 1.0\n" and len(calls) == 2
+        status, _, _ = _raw(server, b"POST /metrics HTTP/1.1\r\nAccept: text/plain\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 405") and len(calls) == 2  # the fast renderer answers GET only
+    finally:
+        server.close()

@@ -176,6 +176,10 @@ class SessionRegistry:
         """Live sessions per state (a copy)."""
         return dict(self._counts)
 
+    def sessions(self) -> list[tuple[str, BudgetState]]:
+        """Live sessions and their states (a copy)."""
+        return [(session_id, budget.state) for session_id, budget in self._sessions.items()]
+
     def _ended(self, session_id: str, budget: SessionBudget, why: str) -> None:
         # Every removal path (end, idle, evicted) comes through here: keep the counts right.
         self._counts[budget.state] -= 1

@@ -84,8 +84,9 @@ class DeferredSink:
     def record_session_end(self, *args: Any) -> None:
         self._enqueue("record_session_end", *args)
 
-    def record_error(self, stage: str) -> None:
-        self._enqueue("record_error", stage)
+    def record_error(self, *args: Any) -> None:
+        # args: stage[, server]
+        self._enqueue("record_error", *args)
 
     def record_call(self, *args: Any) -> None:
         self._enqueue("record_call", *args)

@@ -5,12 +5,15 @@ HTTP basic auth. Mounted: the WSGI and ASGI apps below, with the same optional b
 type (Prometheus text or OpenMetrics, which carries exemplars) follows the scraper's ``Accept`` header.
 
 The standalone server is built to stay cheap under load and abuse. One thread accepts connections and
-reads request heads without blocking (a selector), so a client that connects and drips its headers
-holds a socket, not a thread; a complete request goes to a fixed pool of worker threads that render and
-write the response. Every connection has a deadline for its TLS handshake and whole request head
-(``request_timeout``); past ``max_connections`` open connections new ones get an immediate 503 and are
-closed; the listen backlog is sized for bursts of scrapers. Threads: one plus ``workers``, whatever the
-clients do.
+reads request heads without blocking (a selector), so a client that connects and drips its headers holds a
+socket, not a thread; a complete request goes to a fixed pool of worker threads that parse its head, get the
+response and write it in one ``sendall``. Renderings are shared (see :class:`_SingleFlight`): scrapes that
+arrive together share one, and while other clients wait for an answer a rendering under ``render_max_age``
+seconds old is reused, so 50 scrapers back to back cost about two renderings a second, not one per scrape;
+a scrape on an otherwise idle server always renders afresh. Every connection has a deadline for its TLS
+handshake and whole request head (``request_timeout``); past ``max_connections`` open connections new ones
+get an immediate 503 and are closed; the listen backlog is sized for bursts of scrapers. Threads: one plus
+``workers``, whatever the clients do.
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ import queue
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler
+from urllib.parse import unquote
 
 from prometheus_client import CollectorRegistry, make_asgi_app, make_wsgi_app
 
@@ -68,7 +73,11 @@ def _fast_text(app: WsgiApp, render: Callable[[], bytes]) -> WsgiApp:
 
     def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         accept = environ.get("HTTP_ACCEPT", "")
-        if "application/openmetrics-text" in accept or "name[]" in environ.get("QUERY_STRING", ""):
+        if (
+            "application/openmetrics-text" in accept
+            or "name[]" in environ.get("QUERY_STRING", "")
+            or environ.get("REQUEST_METHOD", "GET") != "GET"  # prometheus-client answers the others (405...)
+        ):
             return app(environ, start_response)
         body = render()
         headers = [("Content-Type", _TEXT_0_0_4)]
@@ -129,6 +138,10 @@ DEFAULT_MAX_CONNECTIONS = 512
 #: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
 #: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
 DEFAULT_WORKERS = 16
+#: Seconds a finished rendering may be reused by scrapes arriving while other clients wait for an answer
+#: (prometheus.render_max_age_seconds). Prometheus scrapes every 15 s or so: a render under a second old is
+#: current for it, and a burst of scrapers then costs one rendering a second instead of one per wave.
+DEFAULT_RENDER_MAX_AGE = 1.0
 #: Pending connections the kernel queues before accept(): the standard library's 5 overflowed under 50
 #: parallel scrapers (each overflow costs the client a 1 s SYN retry).
 LISTEN_BACKLOG = 1024
@@ -163,35 +176,88 @@ def tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
     return context
 
 
+class _Response:
+    """A finished rendering: what the WSGI app answered, and the same as HTTP/1.1 bytes ready to send."""
+
+    __slots__ = ("_wire", "body", "headers", "status")
+
+    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+        self._wire: bytes | None = None
+
+    def wire(self, with_body: bool = True) -> bytes:
+        """The response as sent on a connection that closes after it (built once; shared by every scrape
+        that shares the rendering, so each costs one ``sendall``)."""
+        if not with_body:
+            return self._head()
+        if self._wire is None:  # two threads may build it at once: same bytes, no harm
+            self._wire = self._head() + self.body
+        return self._wire
+
+    def _head(self) -> bytes:
+        lines = [f"HTTP/1.1 {self.status}"]
+        lines += [f"{name}: {value}" for name, value in self.headers
+                  if name.lower() not in ("content-length", "connection", "date")]
+        lines += [f"Content-Length: {len(self.body)}", f"Date: {formatdate(usegmt=True)}", "Connection: close"]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 class _Flight:
-    def __init__(self) -> None:
+    def __init__(self, started: float) -> None:
+        self.started = started  # monotonic time the rendering began: its data is at least this fresh
         self.done = threading.Event()
-        self.result: tuple[str, list[tuple[str, str]], bytes] | None = None
+        self.result: _Response | None = None
 
 
 #: Request fields that select what a scrape returns: requests equal in these may share one rendering.
 #: The credentials are among them, so an unauthorised request never receives an authorised body.
-_FLIGHT_KEY = ("PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION")
+_FLIGHT_KEY = (
+    "REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION",
+)
+#: Finished renderings kept for reuse, at most (one per distinct request shape; a client varying its
+#: headers cannot grow this past the bound).
+_KEPT_RENDERS = 16
 
 
 class _SingleFlight:
-    """WSGI middleware: a request that arrives while an identical one is being rendered waits for that
-    rendering and gets the same bytes, instead of rendering the registry again. Under a burst of scrapers
-    the cost is one rendering per wave, not one per request; the data is never older than the request's
-    arrival by more than one rendering."""
+    """WSGI middleware sharing renderings between scrapes.
 
-    def __init__(self, app: WsgiApp) -> None:
+    * A request that arrives while an identical one is being rendered waits for that rendering and gets the
+      same bytes (headers and gzip included), instead of rendering the registry again.
+    * A request that arrives while other clients wait for an answer (``busy()``) may get the last
+      finished rendering if that began at most ``max_age`` seconds before the request arrived; past half that
+      age one such request renders anew meanwhile, so the others never wait for a rendering. Under a burst of
+      scrapers the cost is about one rendering per ``max_age / 2``, not one per request or per wave; the data
+      is never more than ``max_age`` older than the request.
+    * A request on an otherwise idle server always gets a rendering that began after it arrived (or joins one in
+      progress), so a scrape made after recording something sees it.
+    """
+
+    def __init__(
+        self,
+        app: WsgiApp,
+        max_age: float = 0.0,
+        busy: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._app = app
+        self._max_age = max_age
+        self._busy = busy or (lambda: False)
+        self._clock = clock
         self._lock = threading.Lock()
         self._flights: dict[tuple[str, ...], _Flight] = {}
+        self._finished: dict[tuple[str, ...], _Flight] = {}  # the last finished rendering per request shape
+        #: Renderings made (for tests and troubleshooting).
+        self.renders = 0
 
-    def _render(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    def _render(self, environ: dict[str, Any]) -> _Response:
         started: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
             started[:] = [status, headers]
             return lambda data: None
 
+        self.renders += 1
         chunks = self._app(environ, start_response)
         try:
             body = b"".join(chunks)
@@ -199,29 +265,87 @@ class _SingleFlight:
             close = getattr(chunks, "close", None)
             if callable(close):
                 close()
-        return started[0], list(started[1]), body
+        return _Response(started[0], list(started[1]), body)
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def _keep(self, key: tuple[str, ...], flight: _Flight) -> None:
+        """Remember a finished rendering (under the lock); drop the stale ones and keep the bound."""
+        if self._max_age <= 0 or flight.result is None:
+            return
+        self._finished.pop(key, None)
+        self._finished[key] = flight
+        oldest = flight.started - self._max_age
+        for stale in [k for k, f in self._finished.items() if f.started < oldest]:
+            del self._finished[stale]
+        while len(self._finished) > _KEPT_RENDERS:
+            del self._finished[next(iter(self._finished))]
+
+    def respond(self, environ: dict[str, Any]) -> _Response:
+        """The response for this request: shared, kept, or rendered now (see the class)."""
         key = tuple(str(environ.get(name, "")) for name in _FLIGHT_KEY)
+        arrived = self._clock()
         with self._lock:
             flight = self._flights.get(key)
-            leader = flight is None
-            if flight is None:
-                flight = self._flights[key] = _Flight()
+            recent = self._finished.get(key)
+            age = arrived - recent.started if recent is not None else self._max_age + 1
+            # Reuse a recent rendering on a busy server; past half its age the first request renders anew
+            # while the others keep getting it.
+            fresh_enough = age <= self._max_age and (flight is not None or age <= self._max_age / 2)
+            if recent is not None and recent.result is not None and fresh_enough and self._busy():
+                return recent.result
+            if flight is not None:
+                leader = False
+            else:
+                leader, flight = True, _Flight(arrived)
+                self._flights[key] = flight
         if leader:
             try:
-                flight.result = self._render(environ)
+                result = flight.result = self._render(environ)
             finally:
                 with self._lock:
                     del self._flights[key]
+                    self._keep(key, flight)
                 flight.done.set()
-            result = flight.result
-        else:
-            flight.done.wait(60)
-            result = flight.result if flight.result is not None else self._render(environ)  # leader failed
-        status, headers, body = result
-        start_response(status, headers)
-        return [body]
+            return result
+        flight.done.wait(60)
+        return flight.result if flight.result is not None else self._render(environ)  # the leader failed
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        response = self.respond(environ)
+        start_response(response.status, response.headers)
+        return [response.body]
+
+
+_BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_SERVER_ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+def _parse_head(head: bytes, environ: dict[str, Any]) -> bool:
+    """Fill a WSGI ``environ`` from a request head (request line and header lines); False when it is not
+    an HTTP/1.x request. Header names holding ``_`` are dropped (as wsgiref does: they could pose as others)."""
+    lines = head.decode("latin-1").split("\n")
+    parts = lines[0].split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return False
+    method, target, version = parts
+    if "://" in target:  # absolute form: keep the path and query
+        target = "/" + target.split("://", 1)[1].partition("/")[2]
+    path, _, query = target.partition("?")
+    environ.update(REQUEST_METHOD=method, PATH_INFO=unquote(path, "latin-1"), QUERY_STRING=query,
+                   SERVER_PROTOCOL=version)
+    for line in lines[1:]:
+        name, sep, value = line.rstrip("\r").partition(":")
+        if not sep:
+            if not name:
+                break  # the blank line that ends the head
+            continue
+        name = name.strip()
+        if not name or "_" in name:
+            continue
+        key = name.upper().replace("-", "_")
+        key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
+        value = value.strip()
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return True
 
 
 @dataclass(eq=False)
@@ -232,36 +356,7 @@ class _Connection:
     handshaking: bool
     head: bytearray = field(default_factory=bytearray)
     done: bool = False  # dispatched to a worker or dropped
-
-
-class _Writer(io.RawIOBase):
-    """The response side of a connection (what StreamRequestHandler calls wfile)."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._sock.sendall(data)
-        return len(data)
-
-
-class _Handler(WSGIRequestHandler):
-    """wsgiref's request handling on a head already read by the selector thread."""
-
-    def setup(self) -> None:
-        conn: _Connection = self.request
-        self.connection = conn.sock
-        self.rfile = io.BytesIO(bytes(conn.head))
-        self.wfile = _Writer(conn.sock)
-
-    def finish(self) -> None:
-        pass  # the worker closes the socket
-
-    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not worth a log line each
-        pass
+    settled: bool = False  # its response is decided (being written) or it is closed
 
 
 class MetricsServer:
@@ -277,9 +372,13 @@ class MetricsServer:
         max_connections: int,
         request_timeout: float,
         workers: int,
+        render_max_age: float = DEFAULT_RENDER_MAX_AGE,
     ) -> None:
         self._listener = listener
-        self._app = _SingleFlight(app)
+        # Busy: another client is waiting for an answer. A connection stops counting once its response is
+        # decided, before any of it is sent, so a client that scrapes again after reading its answer never
+        # finds its own previous connection counted.
+        self._app = _SingleFlight(app, render_max_age, busy=lambda: self._unsettled > 1)
         self._context = context
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -288,7 +387,9 @@ class MetricsServer:
         self.url = f"{scheme}://{shown}:{self.port}/metrics"
         self.base_environ = {
             "SERVER_NAME": self.host, "SERVER_PORT": str(self.port), "GATEWAY_INTERFACE": "CGI/1.1",
-            "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": "",
+            "REMOTE_HOST": "", "CONTENT_LENGTH": "", "SCRIPT_NAME": "", "SERVER_SOFTWARE": "mcp-token-otel",
+            "wsgi.version": (1, 0), "wsgi.url_scheme": scheme, "wsgi.errors": sys.stderr,
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
             **({"HTTPS": "on"} if context is not None else {}),
         }
         #: Counters for tests and troubleshooting.
@@ -296,6 +397,7 @@ class MetricsServer:
         self.timed_out = 0
         self.served = 0
         self._open = 0  # connections accepted and not yet closed
+        self._unsettled = 0  # connections accepted whose response is not decided yet
         self._lock = threading.Lock()
         self._stopping = False
         self._selector = selectors.DefaultSelector()
@@ -327,22 +429,28 @@ class MetricsServer:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         workers: int = DEFAULT_WORKERS,
         render: Callable[[], bytes] | None = None,
+        render_max_age: float = DEFAULT_RENDER_MAX_AGE,
     ) -> MetricsServer:
         """Listen on host:port (0 picks a free port; an IPv6 address such as ``::1`` works too). ``render``:
-        the plain-text exposition of ``registry``, faster than prometheus-client's (OpenMetrics keeps it)."""
+        the plain-text exposition of ``registry``, faster than prometheus-client's (OpenMetrics keeps it).
+        ``render_max_age``: how old a finished rendering may be when a scrape arriving on a busy server reuses
+        it (0: share only renderings in progress); see :class:`_SingleFlight`."""
         context = tls_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # before binding
         listener = _listen(host, port)
         return cls(
             listener, metrics_wsgi_app(registry, auth, render), "https" if context else "http", context,
             max_connections=max_connections, request_timeout=request_timeout, workers=max(1, workers),
+            render_max_age=max(0.0, render_max_age),
         )
 
     @property
     def open_connections(self) -> int:
         return self._open
 
-    def get_app(self) -> WsgiApp:  # what wsgiref's handler asks its server for
-        return self._app
+    @property
+    def renders(self) -> int:
+        """Renderings made so far (scrapes that shared one do not count)."""
+        return self._app.renders
 
     # -- the selector thread: accept, handshake, read request heads, enforce deadlines -----------------
 
@@ -391,8 +499,10 @@ class MetricsServer:
             conn = _Connection(sock, address, time.monotonic() + self.request_timeout, handshaking)
             with self._lock:
                 self._open += 1
+                self._unsettled += 1
             self._reading.append(conn)
             self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._readable(conn)  # a scraper's request often arrives with its connection: no wait for select
 
     def _readable(self, conn: _Connection) -> None:
         sock = conn.sock
@@ -446,7 +556,14 @@ class MetricsServer:
                 self.timed_out += 1
                 self._drop(conn)
 
+    def _settle(self, conn: _Connection) -> None:
+        with self._lock:
+            if not conn.settled:
+                conn.settled = True
+                self._unsettled -= 1
+
     def _close(self, conn: _Connection) -> None:
+        self._settle(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
         with self._lock:
@@ -462,7 +579,7 @@ class MetricsServer:
             try:
                 conn.sock.setblocking(True)
                 conn.sock.settimeout(self.request_timeout)  # bounds writing to a client that does not read
-                _Handler(conn, conn.address, self)  # type: ignore[arg-type]
+                self._answer(conn)
                 with self._lock:
                     self.served += 1
             except Exception:  # a client that hangs up mid-response is its own problem
@@ -471,6 +588,24 @@ class MetricsServer:
                 with contextlib.suppress(OSError):
                     conn.sock.shutdown(socket.SHUT_RDWR)
                 self._close(conn)
+
+    def _answer(self, conn: _Connection) -> None:
+        """Parse the request head, get the (usually shared) response and send it in one ``sendall``."""
+        environ = dict(self.base_environ)
+        environ["REMOTE_ADDR"] = str(conn.address[0]) if isinstance(conn.address, tuple) else ""
+        environ["wsgi.input"] = io.BytesIO()
+        if not _parse_head(bytes(conn.head), environ):
+            self._settle(conn)
+            conn.sock.sendall(_BAD_REQUEST)
+            return
+        try:
+            response = self._app.respond(environ)
+        except Exception:
+            self._settle(conn)
+            conn.sock.sendall(_SERVER_ERROR)
+            raise
+        self._settle(conn)
+        conn.sock.sendall(response.wire(with_body=environ["REQUEST_METHOD"] != "HEAD"))
 
     def close(self) -> None:
         if self._stopping:

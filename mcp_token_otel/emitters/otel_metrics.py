@@ -66,7 +66,7 @@ class ServerAwareSink(Protocol):
     def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None: ...
     def record_transition(self, side: str, state: str, server: str) -> None: ...
     def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None: ...
-    def record_error(self, stage: str) -> None: ...
+    def record_error(self, stage: str, server: str) -> None: ...
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None: ...
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None: ...
     def record_guard_action(
@@ -109,12 +109,17 @@ class OtelMetricsSink:
         meter_provider: metrics.MeterProvider | None = None,
         version: str = "",
         *,
-        states: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
+        states: Callable[[], Mapping[Any, Mapping[str, int]]] | None = None,
         rate_budgets: Mapping[str, float] | None = None,
+        server: str = "",
     ) -> None:
+        """``states``: live sessions per (side, server) and state (TokenRecorder.session_states; keyed by side
+        alone they count under ``server``). ``server``: the recorder's server_label(), for what belongs to no
+        session (the configured budgets, dropped points)."""
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter(SCOPE_NAME, version, schema_url=SCHEMA_URL)
         self._states = states
+        self._server = server
         self._rate_budgets = dict(rate_budgets or {})
         lock = threading.Lock()
         self._token_sums = CountFamily(lock, _no_labels)
@@ -271,13 +276,14 @@ class OtelMetricsSink:
     def _observe_sessions(self, _options: Any) -> Iterator[metrics.Observation]:
         if self._states is None:
             return
-        for side, counts in self._states().items():
+        for key, counts in self._states().items():
+            side, server = key if isinstance(key, tuple) else (key, self._server)
             for state, count in counts.items():
-                yield metrics.Observation(count, {M_SIDE: side, A_SESSION_STATE: state})
+                yield metrics.Observation(count, {M_SIDE: side, A_SESSION_STATE: state, **dict(_server(server))})
 
     def _observe_budgets(self, _options: Any) -> Iterator[metrics.Observation]:
         for scope, budget in self._rate_budgets.items():
-            yield metrics.Observation(budget, {M_SCOPE: scope})
+            yield metrics.Observation(budget, {M_SCOPE: scope, **dict(_server(self._server))})
 
     def set_deferred(self, deferred: Any) -> None:
         """Called by the DeferredSink that wraps this sink."""
@@ -287,7 +293,7 @@ class OtelMetricsSink:
         deferred = self._deferred
         if deferred is not None:
             deferred.flush()
-        yield metrics.Observation(deferred.dropped if deferred is not None else 0)
+        yield metrics.Observation(deferred.dropped if deferred is not None else 0, dict(_server(self._server)))
 
     def _observe_definitions(self, _options: Any) -> Iterator[metrics.Observation]:
         for server, value in list(self._definitions.items()):
@@ -377,8 +383,8 @@ class OtelMetricsSink:
         tools.update(((server, tool), tokens) for tool, tokens in per_tool.items())
         self._tool_definitions = tools  # swapped whole: a collection reads one consistent set
 
-    def record_error(self, stage: str) -> None:
-        self._error_counts.add(((M_STAGE, stage),))
+    def record_error(self, stage: str, server: str = "") -> None:
+        self._error_counts.add(((M_STAGE, stage), *_server(server)))
 
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None

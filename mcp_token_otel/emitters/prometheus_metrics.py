@@ -12,14 +12,14 @@ Families (prefix ``mcp_token_``; documented in README):
     overhead_ratio                   histogram  side, server, method, tool           (output messages)
     session_utilization_ratio        histogram  side, server                          (observed at session end)
     session_duration_seconds         histogram  side, server                          (observed at session end)
-    sessions                         gauge      side, state                   (live sessions per state)
+    sessions                         gauge      side, server, state           (live sessions per state)
     session_transitions_total        counter    side, server, state           (warning, exhausted)
     tool_definitions_tokens          gauge      server                        (last tools/list, all tools)
     tool_definition_tokens           gauge      server, tool                  (per tool, within the tool bound)
-    instrumentation_errors_total     counter    stage
+    instrumentation_errors_total     counter    stage, server                 (server: server_label() at start)
     guard_actions_total              counter    side, server, policy, action, enforced, tool  (guardrails)
     cost_usd_total                   counter    side, server, tool            (USD of results entering the context)
-    output_rate_budget_tokens_per_second  gauge      scope (tool, service)         (configured, for alerting)
+    output_rate_budget_tokens_per_second  gauge      scope (tool, service), server (configured, for alerting)
 
 Cardinality: no session id ever; tool and method values arrive bounded by the recorder's limiters and are
 sanitised here (length, control characters, invalid UTF-8). A risk tier is derivable from the token value,
@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -66,10 +67,19 @@ PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128
 _BREACH_TIERS = tuple(sorted(BREACH_TIERS))
 _MAX_CACHED_SERIES = 10_000
+#: Multiprocess mode: seconds between a worker's refreshes of its live-sessions gauge (done on a message).
+_STATES_INTERVAL = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-#: Live sessions per side and state, as the recorder reports them.
-StatesFn = Callable[[], Mapping[str, Mapping[str, int]]]
+#: Live sessions per (side, server) and state, as the recorder reports them (TokenRecorder.session_states);
+#: a mapping keyed by side alone (TokenRecorder.states) is shown under the sink's own ``server``.
+StatesFn = Callable[[], Mapping[Any, Mapping[str, int]]]
+
+
+def _by_server(states: Mapping[Any, Mapping[str, int]], server: str) -> list[tuple[str, str, Mapping[str, int]]]:
+    """(side, server, counts) rows from either shape of a StatesFn's answer, sorted."""
+    rows = [(*(key if isinstance(key, tuple) else (key, server)), counts) for key, counts in states.items()]
+    return sorted(rows, key=lambda row: (row[0], row[1]))
 
 
 def label_value(value: str | None) -> str:
@@ -100,18 +110,21 @@ def multiprocess_registry() -> CollectorRegistry:
 
 
 class _SessionsCollector(Collector):
-    """``mcp_token_sessions``, read from the recorder at scrape time (O(1): the registry keeps counts)."""
+    """``mcp_token_sessions``, read from the recorder at scrape time (TokenRecorder.session_states: one pass
+    over the live sessions, at most ``budget.max_sessions`` per side)."""
 
-    def __init__(self, states: StatesFn) -> None:
+    def __init__(self, states: StatesFn, server: str) -> None:
         self._states = states
+        self._server = server
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
-            f"{PREFIX}_sessions", "Live MCP sessions per context-window budget state.", labels=["side", "state"]
+            f"{PREFIX}_sessions", "Live MCP sessions per context-window budget state.",
+            labels=["side", "server", "state"],
         )
-        for side, counts in sorted(self._states().items()):
+        for side, server, counts in _by_server(self._states(), self._server):
             for state in BUDGET_STATES:
-                family.add_metric([side, state], counts.get(state, 0))
+                family.add_metric([side, label_value(server), state], counts.get(state, 0))
         yield family
 
 
@@ -130,6 +143,7 @@ _SESSION_LABELS = ("side", "server")
 _TRANSITION_LABELS = ("side", "server", "state")
 _GUARD_LABELS = ("side", "server", "policy", "action", "enforced", "tool")
 _COST_LABELS = ("side", "server", "tool")
+_ERROR_LABELS = ("stage", "server")
 _HELP = {
     "message_tokens": "Estimated tokens of one MCP message (input: request params; output: the response).",
     "tokens": "Estimated tokens of MCP messages.",
@@ -250,13 +264,15 @@ class _AggregateCollector(Collector):
         yield definitions
         yield per_tool
         yield self._counter(
-            f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(("stage",), sink._errors)
+            f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(_ERROR_LABELS, sink._errors)
+        )
+        budget = GaugeMetricFamily(
+            f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope", "server"]
         )
         yield self._counter(f"{PREFIX}_guard_actions", _HELP["guard"], self._rows(_GUARD_LABELS, sink._guard))
         yield self._counter(f"{PREFIX}_cost_usd", _HELP["cost"], self._rows(_COST_LABELS, sink._cost))
-        budget = GaugeMetricFamily(f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope"])
         for scope, value in sink.rate_budgets.items():
-            budget.add_metric([scope], value)
+            budget.add_metric([scope, sink.server], value)
         yield budget
 
 
@@ -265,7 +281,9 @@ class PrometheusMetrics:
 
     ``created_series`` (config ``prometheus.created_series``) adds the ``_created`` series of every counter
     and histogram (off by default: one more line per series that no dashboard or rule reads).
-    ``server`` is the server name known at start (the proxy's ``--name``): its series exist from the start.
+    ``server`` is the server name known at start (the recorder's ``server_label()``: the configured override
+    or the proxy's ``--name``): its series exist from the start, and the series that belong to no session
+    (instrumentation errors, the configured budgets) carry it.
     """
 
     server_aware = True
@@ -284,9 +302,12 @@ class PrometheusMetrics:
         self._multiprocess = multiprocess_mode()
         self._states = states
         self.rate_budgets = {"tool": tool_output_rate_budget, "service": service_output_rate_budget}
+        self.server = label_value(server)
         self._created = created_series
         if self._multiprocess:
-            self._files: _SharedFileFamilies | None = _SharedFileFamilies(self.registry, states, self.rate_budgets)
+            self._files: _SharedFileFamilies | None = _SharedFileFamilies(
+                self.registry, states, self.rate_budgets, self.server
+            )
             return
         self._files = None
         self._created = created_series
@@ -311,10 +332,10 @@ class PrometheusMetrics:
         self._known_servers: set[tuple[str, str]] = set()
         self.registry.register(_AggregateCollector(self, created_series))
         if states is not None:
-            self.registry.register(_SessionsCollector(states))
+            self.registry.register(_SessionsCollector(states, server))
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
-        self._errors.touch(("estimate",))
+        self._errors.touch(("estimate", server))
         for side in ("client", "server", "proxy"):
             self._touch_server(side, server)
 
@@ -433,11 +454,11 @@ class PrometheusMetrics:
             return
         self._definitions[server] = (total, dict(per_tool))
 
-    def record_error(self, stage: str) -> None:
+    def record_error(self, stage: str, server: str = "") -> None:
         if self._files is not None:
-            self._files.errors.labels(label_value(stage)).inc()
+            self._files.errors.labels(label_value(stage), label_value(server)).inc()
         else:
-            self._errors.add((stage,))
+            self._errors.add((stage, server))
 
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
@@ -473,8 +494,12 @@ class PrometheusMetrics:
 class _SharedFileFamilies:
     """Multiprocess mode: the same families as prometheus-client objects (their values live in shared files)."""
 
-    def __init__(self, r: CollectorRegistry, states: StatesFn | None, rate_budgets: Mapping[str, float]) -> None:
+    def __init__(
+        self, r: CollectorRegistry, states: StatesFn | None, rate_budgets: Mapping[str, float], server: str
+    ) -> None:
         self._states = states
+        self._states_read = float("-inf")
+        self._server = server
         self.message_tokens = Histogram(
             f"{PREFIX}_message_tokens", _HELP["message_tokens"], list(_MESSAGE_LABELS), buckets=TOKEN_BUCKETS,
             registry=r,
@@ -506,7 +531,7 @@ class _SharedFileFamilies:
         self.transitions = Counter(
             f"{PREFIX}_session_transitions", _HELP["transitions"], list(_TRANSITION_LABELS), registry=r
         )
-        self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], ["stage"], registry=r)
+        self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], list(_ERROR_LABELS), registry=r)
         self.guard = Counter(f"{PREFIX}_guard_actions", _HELP["guard"], list(_GUARD_LABELS), registry=r)
         self.cost = Counter(f"{PREFIX}_cost_usd", _HELP["cost"], list(_COST_LABELS), registry=r)
         self.definitions = Gauge(
@@ -517,20 +542,21 @@ class _SharedFileFamilies:
             multiprocess_mode="max",
         )
         budget = Gauge(
-            f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], ["scope"], registry=r,
+            f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], ["scope", "server"], registry=r,
             multiprocess_mode="max",
         )
         for scope, value in rate_budgets.items():
-            budget.labels(scope).set(value)
+            budget.labels(scope, server).set(value)
         # Shared files cannot call back into each worker: each sets its own counts, summed.
         self.live_sessions = Gauge(
-            f"{PREFIX}_sessions", _HELP["sessions"], ["side", "state"], registry=r, multiprocess_mode="livesum"
+            f"{PREFIX}_sessions", _HELP["sessions"], ["side", "server", "state"], registry=r,
+            multiprocess_mode="livesum",
         )
         self._series: dict[tuple[str, str, str, str | None, str], tuple[Any, ...]] = {}
-        self.errors.labels("estimate")
+        self.errors.labels("estimate", server)
         for side in ("client", "server", "proxy"):
             for state in ("warning", "exhausted"):
-                self.transitions.labels(side, "", state)
+                self.transitions.labels(side, server, state)
 
     def _children(self, side: str, server: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
         """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
@@ -571,10 +597,13 @@ class _SharedFileFamilies:
         if overhead is not None:
             overhead.observe(m.overhead_ratio)
             responses[m.risk_tier].inc()
-        if self._states is not None:
-            for session_side, counts in self._states().items():
+        now = time.monotonic()
+        if self._states is not None and now - self._states_read >= _STATES_INTERVAL:
+            # Reading the states is a pass over the live sessions: once a second at most, not per message.
+            self._states_read = now
+            for session_side, server_label, counts in _by_server(self._states(), self._server):
                 for state in BUDGET_STATES:
-                    self.live_sessions.labels(session_side, state).set(counts.get(state, 0))
+                    self.live_sessions.labels(session_side, label_value(server_label), state).set(counts.get(state, 0))
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         labels = (side, label_value(server), label_value(method), label_value(tool), label_value(call.error_type))

@@ -52,7 +52,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
     ``metrics_app()``.
     """
     metrics = PrometheusMetrics(
-        states=recorder.states,
+        states=recorder.session_states,
         tool_output_rate_budget=config.tool_output_rate_budget,
         service_output_rate_budget=config.service_output_rate_budget,
         created_series=config.created_series,
@@ -73,6 +73,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
                 tls_key_file=config.tls_key_file or None,
                 max_connections=config.max_connections,
                 request_timeout=config.request_timeout_seconds,
+                render_max_age=config.render_max_age_seconds,
                 render=service._render(),
             )
         except Exception as exc:  # port taken, unreadable certificate...: say so, keep instrumenting

@@ -1,0 +1,189 @@
+"""The ``server`` label on the families that lacked it (issue 11): live sessions, instrumentation errors, the
+configured budgets, and the client's ``initialize`` request, through real mcp 2.x sessions (in memory), on
+both the Prometheus and the OpenTelemetry paths."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.server.mcpserver import MCPServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcp_token_otel.core.measure import Measurement, Policy
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.emitters.semconv import A_SERVER_NAME, A_SESSION_STATE, M_SCOPE, M_SIDE, M_STAGE
+from mcp_token_otel.instrumentation import instrument, uninstrument
+from mcp_token_otel.recorder import TokenRecorder
+
+from .conftest import Otel, make_config
+
+Found = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def make_server(name: str) -> MCPServer:
+    server = MCPServer(name)
+
+    @server.tool()
+    def ping() -> str:
+        """Answers pong."""
+        return "pong"
+
+    return server
+
+
+def scrape(sink: PrometheusMetrics) -> Found:
+    out: Found = {}
+    for family in text_string_to_metric_families(sink.exposition().decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def value(found: Found, name: str, **labels: str) -> float:
+    rows = [v for lab, v in found.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+    assert len(rows) == 1, (name, labels, found.get(name))
+    return rows[0]
+
+
+def instrumented(otel: Otel, **config: Any) -> tuple[TokenRecorder, PrometheusMetrics]:
+    recorder = instrument(make_config(**config), tracer_provider=otel.tracer_provider,
+                          meter_provider=otel.meter_provider)
+    assert recorder is not None
+    sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
+    recorder.add_sink(sink)
+    return recorder, sink
+
+
+@pytest.fixture
+def cleanup() -> Iterator[None]:
+    yield
+    uninstrument()
+
+
+def test_live_sessions_per_server_and_the_client_initialize_with_its_server(otel: Otel, cleanup: None) -> None:
+    recorder, sink = instrumented(otel)
+    seen: dict[str, Found] = {}
+
+    async def main() -> None:
+        async with Client(make_server("alpha"), mode="legacy") as a, Client(make_server("beta"), mode="legacy") as b:
+            assert (await a.call_tool("ping", {})).content[0].text == "pong"
+            assert (await b.call_tool("ping", {})).content[0].text == "pong"
+            seen["open"] = scrape(sink)
+            otel_points = otel.metrics()["mcp_token.sessions"]
+            seen["otel"] = {"": [(dict(p.attributes), p.value) for p in otel_points]}
+
+    anyio.run(main)
+    found = seen["open"]
+    for side in ("client", "server"):
+        for server in ("alpha", "beta"):
+            assert value(found, "mcp_token_sessions", side=side, server=server, state="ok") == 1
+            assert value(found, "mcp_token_sessions", side=side, server=server, state="exhausted") == 0
+        assert value(found, "mcp_token_sessions", side=side, server="", state="ok") == 0  # none unnamed
+    # The client's initialize request is recorded with the server its result named, never with server="".
+    for server in ("alpha", "beta"):
+        assert value(found, "mcp_token_message_tokens_count", side="client", server=server, method="initialize",
+                     direction="input") == 1
+    assert not [lab for lab, _ in found["mcp_token_message_tokens_count"]
+                if lab["method"] == "initialize" and lab["server"] == ""]
+    # The OpenTelemetry gauge carries the server too.
+    otel_rows = seen["otel"][""]
+    for side in ("client", "server"):
+        for server in ("alpha", "beta"):
+            assert [v for attrs, v in otel_rows if attrs.get(M_SIDE) == side and attrs.get(A_SERVER_NAME) == server
+                    and attrs.get(A_SESSION_STATE) == "ok"] == [1]
+    # The sessions ended with their clients: the series stay, at 0.
+    after = scrape(sink)
+    for side in ("client", "server"):
+        for server in ("alpha", "beta"):
+            assert value(after, "mcp_token_sessions", side=side, server=server, state="ok") == 0
+    assert recorder.error_counts == {}
+
+
+def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup: None) -> None:
+    recorder, sink = instrumented(otel, metrics={"server_name": "billing"})
+
+    class Broken:
+        """A built-in style sink that fails on every message: each failure is a counted fault."""
+
+        server_aware = True
+
+        def record_message(self, *args: Any) -> None:
+            raise RuntimeError("sink down")
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args: None
+
+    recorder.add_sink(Broken())
+
+    async def main() -> None:
+        async with Client(make_server("alpha"), mode="legacy") as client:
+            assert (await client.call_tool("ping", {})).content[0].text == "pong"
+
+    anyio.run(main)
+    recorder.flush()
+    faults = recorder.error_counts["metrics"]
+    assert faults >= 4  # every message of the session (initialize, tools/call, both sides)
+    found = scrape(sink)
+    assert value(found, "mcp_token_instrumentation_errors_total", stage="metrics", server="billing") == faults
+    assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate", server="billing") == 0
+    assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool", server="billing") == 100
+    assert value(found, "mcp_token_sessions", side="server", server="billing", state="ok") == 0  # override wins
+    points = otel.metrics()
+    errors = [(dict(p.attributes), p.value) for p in points["mcp_token.instrumentation.errors"]]
+    assert errors == [({M_STAGE: "metrics", A_SERVER_NAME: "billing"}, faults)]
+    budgets = {p.attributes[M_SCOPE]: p.attributes.get(A_SERVER_NAME) for p in points["mcp_token.output_rate_budget"]}
+    assert budgets == {"tool": "billing", "service": "billing"}
+
+
+def _raising_estimator(text: str) -> int:
+    raise RuntimeError("estimator down")
+
+
+def test_faults_without_a_configured_name_carry_the_proxy_name_or_nothing(otel: Otel) -> None:
+    for name, expected in ((None, ""), ("px", "px")):
+        recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider, server_name=name)
+        sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
+        recorder.add_sink(sink)
+        recorder.policy = Policy(estimator=_raising_estimator, estimator_name="broken")
+        assert recorder.record_input(None, "client", "tools/call", {"name": "t"}, "s1") is None  # a fault
+        found = scrape(sink)
+        assert recorder.error_counts["estimate"] == 1
+        assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate", server=expected) == 1
+        recorder.close()
+
+
+def test_an_initialize_that_never_gets_its_result_is_still_recorded(otel: Otel) -> None:
+    recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
+    sink = PrometheusMetrics(states=recorder.session_states)
+    recorder.add_sink(sink)
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
+    measured = recorder.record_input(None, "client", "initialize", params, "conn-1")
+    assert isinstance(measured, Measurement)
+    found = scrape(sink)
+    assert "mcp_token_message_tokens_count" not in found or not [
+        lab for lab, _ in found["mcp_token_message_tokens_count"] if lab["method"] == "initialize"]
+    recorder.end_session("client", "conn-1")  # the connection dropped before the result
+    found = scrape(sink)
+    assert value(found, "mcp_token_message_tokens_count", side="client", server="", method="initialize",
+                 direction="input") == 1
+    assert value(found, "mcp_token_tokens_total", side="client", method="initialize",
+                 direction="input") == measured.total_tokens
+    recorder.close()
+
+
+def test_a_failed_initialize_is_recorded_with_its_error(otel: Otel) -> None:
+    recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
+    sink = PrometheusMetrics(states=recorder.session_states)
+    recorder.add_sink(sink)
+    recorder.record_input(None, "client", "initialize", {"protocolVersion": "1999-01-01"}, "conn-2")
+    recorder.record_output(None, "client", "initialize", None, error={"code": -32602, "message": "bad version"},
+                           session_id="conn-2")
+    found = scrape(sink)
+    for direction in ("input", "output"):
+        assert value(found, "mcp_token_message_tokens_count", side="client", server="", method="initialize",
+                     direction=direction) == 1
+    recorder.close()

@@ -1,0 +1,56 @@
+"""The ``server`` label on live sessions and on the client's ``initialize`` request, through a real mcp 1.x
+session (in memory): the 1.x adapter feeds the same recorder logic as 2.x (tests/shim/test_v2_server_label.py)."""
+
+from __future__ import annotations
+
+import anyio
+from mcp.server.fastmcp import FastMCP
+from mcp.shared.memory import create_connected_server_and_client_session
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.instrumentation import instrument, uninstrument
+
+from .conftest import Otel, make_config
+
+SERVER = "label-v1"
+
+
+def samples(sink: PrometheusMetrics, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for family in text_string_to_metric_families(sink.exposition().decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                out.append((s.labels, s.value))
+    return out
+
+
+def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
+    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+    assert recorder is not None
+    sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
+    recorder.add_sink(sink)
+    server = FastMCP(SERVER)
+
+    @server.tool()
+    def ping() -> str:
+        return "pong"
+
+    live: list[list[tuple[dict[str, str], float]]] = []
+    try:
+
+        async def main() -> None:
+            async with create_connected_server_and_client_session(server._mcp_server) as session:
+                await session.call_tool("ping", {})
+                live.append(samples(sink, "mcp_token_sessions", state="ok"))
+
+        anyio.run(main)
+    finally:
+        uninstrument()
+    (open_sessions,) = live
+    assert {(lab["side"], lab["server"]): v for lab, v in open_sessions if v} == {
+        ("client", SERVER): 1, ("server", SERVER): 1}
+    initialize = samples(sink, "mcp_token_message_tokens_count", side="client", method="initialize")
+    assert [(lab["direction"], lab["server"], v) for lab, v in sorted(initialize, key=lambda r: r[0]["direction"])] \
+        == [("input", SERVER, 1.0), ("output", SERVER, 1.0)]
+    assert recorder.error_counts == {}
