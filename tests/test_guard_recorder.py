@@ -254,7 +254,7 @@ def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: p
     assert delivered is result and m is not None
     assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
     assert h.rec.error_counts["guard"] == 2
-    assert h.value("mcp_token_instrumentation_errors_total", stage="guard") == 2
+    assert h.value("mcp_token_instrumentation_errors_total", stage="guard", server="") == 2
     (s,) = h.spans()
     assert s.attributes["mcp_token.output_tokens"] == m.total_tokens
 
