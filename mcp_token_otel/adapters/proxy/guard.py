@@ -23,6 +23,7 @@ from typing import Any
 from ...config import Config
 from ...recorder import TokenRecorder
 from .jsonrpc import DEFAULT_MAX_MESSAGE, MessageStream, ProxyStats, Tracker
+from .lines import LineSplitter
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -117,52 +118,31 @@ class LineGuard:
         self.measurer = measurer
         self.stream = stream
         self.rewrite = rewrite  # --inject-trace-context on the client's lines, before the guard
-        self.max_line = max_line
-        self._partial: list[bytes] = []
-        self._size = 0
-        #: Inside a line too long to hold: its pieces are forwarded as they come.
-        self.passing = False
+        self.lines = LineSplitter(max_line, self._oversize)
+
+    @property
+    def passing(self) -> bool:
+        """Inside a line too long to hold (its pieces are forwarded as they come)."""
+        return self.lines.passing
+
+    def _oversize(self) -> None:
+        self.measurer.stats.oversize += 1
 
     def feed(self, chunk: bytes) -> tuple[bytes, bytes]:
         """(what to forward now, what to answer the sender with now) for ``chunk``."""
         out: list[bytes] = []
         replies: list[bytes] = []
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                break
-            piece = chunk[start:nl + 1]
-            if self.passing:
+        for piece, whole in self.lines.feed(chunk):
+            if whole:
+                self._line(piece, out, replies)
+            else:
                 out.append(piece)
-                self.passing = False
-            else:
-                line = b"".join((*self._partial, piece)) if self._partial else piece
-                self._partial.clear()
-                self._size = 0
-                self._line(line, out, replies)
-            start = nl + 1
-        rest = chunk[start:] if start else chunk
-        if rest:
-            if self.passing:
-                out.append(rest)
-            else:
-                self._partial.append(rest)
-                self._size += len(rest)
-                if self._size > self.max_line:  # too long to hold: relayed as it comes, not measured
-                    self.measurer.stats.oversize += 1
-                    out.extend(self._partial)
-                    self._partial.clear()
-                    self._size = 0
-                    self.passing = True
         return b"".join(out), b"".join(replies)
 
     def flush(self) -> tuple[bytes, bytes]:
         """End of input: a last line without its newline (guarded like any line, sent without a newline)."""
-        rest = b"".join(self._partial)
-        self._partial.clear()
-        self._size = 0
-        if not rest or self.passing:
+        rest, whole = self.lines.flush()
+        if not whole:
             return rest, b""
         out: list[bytes] = []
         replies: list[bytes] = []

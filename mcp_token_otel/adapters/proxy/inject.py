@@ -15,6 +15,8 @@ import json
 import random
 from typing import Any
 
+from .lines import LineSplitter
+
 #: stdio lines longer than this are forwarded uninspected (the relay never holds more than this per line).
 MAX_INSPECTED_LINE = 4 * 1024 * 1024
 
@@ -78,48 +80,16 @@ class LineInjector:
     def __init__(self, injector: Injector, tracker: Any) -> None:
         self.injector = injector
         self.tracker = tracker
-        self._partial: list[bytes] = []
-        self._size = 0
-        self._passing = False  # inside a line too long to inspect: forwarded as it comes
+        self.lines = LineSplitter(MAX_INSPECTED_LINE)
 
     def feed(self, chunk: bytes) -> bytes:
         """What to forward now for ``chunk`` (a line's tail waits for its newline, up to the bound)."""
-        out: list[bytes] = []
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                break
-            piece = chunk[start:nl + 1]
-            if self._passing:
-                out.append(piece)
-                self._passing = False
-            else:
-                line = b"".join((*self._partial, piece)) if self._partial else piece
-                self._partial.clear()
-                self._size = 0
-                out.append(self._line(line))
-            start = nl + 1
-        rest = chunk[start:] if start else chunk
-        if rest:
-            if self._passing:
-                out.append(rest)
-            else:
-                self._partial.append(rest)
-                self._size += len(rest)
-                if self._size > MAX_INSPECTED_LINE:
-                    out.extend(self._partial)
-                    self._partial.clear()
-                    self._size = 0
-                    self._passing = True
+        out = [self._line(piece) if whole else piece for piece, whole in self.lines.feed(chunk)]
         return b"".join(out) if len(out) != 1 else out[0]
 
     def flush(self) -> bytes:
         """End of input: a last line without its newline goes as it is."""
-        rest = b"".join(self._partial)
-        self._partial.clear()
-        self._size = 0
-        return rest
+        return self.lines.flush()[0]
 
     def _line(self, line: bytes) -> bytes:
         body = line[:-1]
