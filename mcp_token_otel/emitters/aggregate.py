@@ -21,7 +21,7 @@ MAX_SERIES = 20_000
 class Hist:
     """One histogram series: per-bucket counts (not cumulative; the last is +Inf), sum, count."""
 
-    __slots__ = ("buckets", "count", "created", "exemplars", "labels", "sum")
+    __slots__ = ("buckets", "count", "created", "exemplars", "labels", "sum", "text")
 
     def __init__(self, labels: tuple[str, ...], size: int) -> None:
         self.labels = labels
@@ -30,17 +30,20 @@ class Hist:
         self.count = 0
         self.created = time.time()
         self.exemplars: dict[int, tuple[dict[str, str], float, float]] | None = None
+        #: The renderer's cache (escaped label text, line prefixes): it lives and is cleared with the series.
+        self.text: Any = None
 
 
 class Count:
     """One counter series."""
 
-    __slots__ = ("created", "labels", "value")
+    __slots__ = ("created", "labels", "text", "value")
 
     def __init__(self, labels: tuple[str, ...]) -> None:
         self.labels = labels
         self.value = 0.0
         self.created = time.time()
+        self.text: str | None = None  # the renderer's escaped label text, cached with the series
 
 
 class HistFamily:
@@ -79,6 +82,12 @@ class HistFamily:
                 for s in self.series.values()
             ]
 
+    def copy(self) -> list[tuple[Hist, list[int], float, int]]:
+        """Each series with a copy of its buckets, sum and count, taken together under the lock (a series is
+        never seen half-updated); only the copying happens under it, the rendering after."""
+        with self._lock:
+            return [(s, s.buckets[:], s.sum, s.count) for s in self.series.values()]
+
 
 class CountFamily:
     """Counter series keyed by a label tuple."""
@@ -110,6 +119,11 @@ class CountFamily:
     def snapshot(self) -> list[tuple[tuple[str, ...], float, float]]:
         with self._lock:
             return [(s.labels, s.value, s.created) for s in self.series.values()]
+
+    def copy(self) -> list[tuple[Count, float]]:
+        """Each series with its value, copied under the lock."""
+        with self._lock:
+            return [(s, s.value) for s in self.series.values()]
 
     def values(self) -> Iterator[tuple[Any, float]]:
         with self._lock:

@@ -40,10 +40,11 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from itertools import accumulate
 from typing import Any
 
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -53,7 +54,7 @@ from prometheus_client.utils import floatToGoString
 from ..core.budget import BUDGET_STATES
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS, RISK_TIERS
-from .aggregate import CountFamily, HistFamily
+from .aggregate import Count, CountFamily, Hist, HistFamily
 from .otel_metrics import CallInfo
 from .semconv import (  # one set of buckets for both paths
     BYTE_BUCKETS,
@@ -179,8 +180,100 @@ def _plain_labels(key: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(label_value(v) for v in key)
 
 
+#: Set in the thread of an exposition() while it collects: the aggregate collector then yields its families
+#: already rendered as text instead of Sample objects (other encoders, other threads, get Samples as before).
+_TEXT = threading.local()
+#: A histogram family's rows as HistFamily.copy() returns them: (series, buckets, sum, count).
+_HistRows = list[tuple[Hist, list[int], float, int]]
+
+
+class _Rendered(Metric):
+    """A family already rendered in the text format (only exposition() ever receives one)."""
+
+    def __init__(self, name: str, typ: str, text: str) -> None:
+        super().__init__(name, "", typ)
+        self.text = text
+
+
+class _One:
+    """One family as a collector, for generate_latest (families from other collectors in the registry)."""
+
+    def __init__(self, metric: Metric) -> None:
+        self._metric = metric
+
+    def collect(self) -> list[Metric]:
+        return [self._metric]
+
+
+def _label_text(pairs: list[tuple[str, str]]) -> str:
+    """Label pairs as generate_latest writes them: sorted by name, values escaped."""
+    return ",".join(f'{name}="{_escape_value(value)}"' for name, value in sorted(pairs))
+
+
+def _header(family: str, doc: str, kind: str) -> str:
+    return f"# HELP {family} {_escape_help(doc)}\n# TYPE {family} {kind}\n"
+
+
+def _hist_cache(name: str, names: tuple[str, ...], labels: tuple[str, ...], les: list[str]) -> tuple[Any, ...]:
+    """A histogram series' line prefixes: (name, label text, bucket prefixes, count prefix, sum prefix)."""
+    pairs = list(zip(names, labels, strict=True))
+    text = _label_text(pairs)
+    buckets = tuple(f"{name}_bucket{{{_label_text([*pairs, ('le', le)])}}} " for le in les)
+    return name, text, buckets, f"{name}_count{{{text}}} ", f"{name}_sum{{{text}}} "
+
+
+def _hist_text(name: str, doc: str, names: tuple[str, ...], bounds: tuple[float, ...], rows: _HistRows) -> str:
+    """A histogram family, byte for byte as generate_latest writes it, from copied aggregate rows."""
+    les = [floatToGoString(b) for b in bounds] + ["+Inf"]
+    out = [_header(name, doc, "histogram")]
+    for series, buckets, value_sum, count in rows:
+        cache = series.text
+        if cache is None or cache[0] != name:
+            cache = series.text = _hist_cache(name, names, series.labels, les)
+        prefixes = cache[2]
+        if count < 1_000_000:  # every cumulative count is <= count: floatToGoString's "n.0" for all of them
+            out += [f"{prefix}{running}.0\n" for prefix, running in zip(prefixes, accumulate(buckets), strict=True)]
+            out.append(f"{cache[3]}{count}.0\n")
+        else:  # Go's exponent form from 1e6 on
+            out += [f"{prefix}{floatToGoString(running)}\n"
+                    for prefix, running in zip(prefixes, accumulate(buckets), strict=True)]
+            out.append(f"{cache[3]}{floatToGoString(count)}\n")
+        out.append(f"{cache[4]}{floatToGoString(value_sum)}\n")
+    return "".join(out)
+
+
+def _counter_text(name: str, doc: str, names: tuple[str, ...], rows: list[tuple[Count, float]]) -> str:
+    """A counter family (``name``_total) from copied aggregate rows; the label text is cached on the series."""
+    total = f"{name}_total"
+    out = [_header(total, doc, "counter")]
+    for series, value in rows:
+        text = series.text
+        if text is None:
+            text = series.text = _label_text(list(zip(names, series.labels, strict=True)))
+        out.append(f"{total}{{{text}}} {floatToGoString(value)}\n")
+    return "".join(out)
+
+
+def _sum_counter_text(name: str, doc: str, rows: _HistRows) -> str:
+    """A counter equal to a histogram's sums, from the rows _hist_text rendered (their label text cached)."""
+    total = f"{name}_total"
+    out = [_header(total, doc, "counter")]
+    out += [f"{total}{{{series.text[1]}}} {floatToGoString(value_sum)}\n" for series, _b, value_sum, _c in rows]
+    return "".join(out)
+
+
+def _gauge_text(name: str, doc: str, rows: list[tuple[list[tuple[str, str]], float]]) -> str:
+    out = [_header(name, doc, "gauge")]
+    out += [f"{name}{{{_label_text(pairs)}}} {floatToGoString(value)}\n" for pairs, value in rows]
+    return "".join(out)
+
+
 class _AggregateCollector(Collector):
-    """Renders the pre-aggregated families on scrape (cumulative buckets computed here, not per message)."""
+    """Renders the pre-aggregated families on scrape (cumulative buckets computed here, not per message).
+
+    For generate_latest and the OpenMetrics encoder it yields prometheus-client Metric/Sample objects; for
+    exposition() (``_TEXT.on`` in its thread) the families' text straight from copies of the aggregate rows.
+    """
 
     def __init__(self, sink: PrometheusMetrics, created: bool) -> None:
         self._sink = sink
@@ -226,7 +319,21 @@ class _AggregateCollector(Collector):
     def _rows(names: tuple[str, ...], family: CountFamily) -> list[tuple[dict[str, str], float, float]]:
         return [(dict(zip(names, labels, strict=True)), value, created) for labels, value, created in family.snapshot()]
 
+    def _gauges(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """(definitions, per-tool definitions, rate budgets) as (label pairs, value) rows."""
+        sink = self._sink
+        definitions, per_tool = [], []
+        for server, (total, tools) in sorted(sink._definitions.items()):
+            definitions.append(([("server", label_value(server))], total))
+            for tool, tokens in sorted(tools.items()):
+                per_tool.append(([("server", label_value(server)), ("tool", label_value(tool))], tokens))
+        budgets = [([("scope", scope), ("server", sink.server)], value) for scope, value in sink.rate_budgets.items()]
+        return definitions, per_tool, budgets
+
     def collect(self) -> Iterator[Metric]:
+        if getattr(_TEXT, "on", False):
+            yield from self._collect_text()
+            return
         sink = self._sink
         yield self._histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens)
         # tokens_total (bytes_total) is the histogram's sum, kept as a counter for the queries and rules that
@@ -255,25 +362,70 @@ class _AggregateCollector(Collector):
         yield self._counter(
             f"{PREFIX}_session_transitions", _HELP["transitions"], self._rows(_TRANSITION_LABELS, sink._transitions)
         )
-        definitions = GaugeMetricFamily(f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], labels=["server"])
-        per_tool = GaugeMetricFamily(f"{PREFIX}_tool_definition_tokens", _HELP["definition"], labels=["server", "tool"])
-        for server, (total, tools) in sorted(sink._definitions.items()):
-            definitions.add_metric([label_value(server)], total)
-            for tool, tokens in sorted(tools.items()):
-                per_tool.add_metric([label_value(server), label_value(tool)], tokens)
-        yield definitions
-        yield per_tool
+        definitions, per_tool, budgets = self._gauges()
+        for name, doc, labels, rows in (
+            (f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], ["server"], definitions),
+            (f"{PREFIX}_tool_definition_tokens", _HELP["definition"], ["server", "tool"], per_tool),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            for pairs, value in rows:
+                family.add_metric([v for _, v in pairs], value)
+            yield family
         yield self._counter(
             f"{PREFIX}_instrumentation_errors", _HELP["errors"], self._rows(_ERROR_LABELS, sink._errors)
         )
+        yield self._counter(f"{PREFIX}_guard_actions", _HELP["guard"], self._rows(_GUARD_LABELS, sink._guard))
+        yield self._counter(f"{PREFIX}_cost_usd", _HELP["cost"], self._rows(_COST_LABELS, sink._cost))
         budget = GaugeMetricFamily(
             f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope", "server"]
         )
-        yield self._counter(f"{PREFIX}_guard_actions", _HELP["guard"], self._rows(_GUARD_LABELS, sink._guard))
-        yield self._counter(f"{PREFIX}_cost_usd", _HELP["cost"], self._rows(_COST_LABELS, sink._cost))
-        for scope, value in sink.rate_budgets.items():
-            budget.add_metric([scope, sink.server], value)
+        for pairs, value in budgets:
+            budget.add_metric([v for _, v in pairs], value)
         yield budget
+
+    def _collect_text(self) -> Iterator[Metric]:
+        """The same families in the same order as collect(), as text. Each family's rows are copied under the
+        aggregate lock (one short hold per family) and formatted after it is released."""
+        sink = self._sink
+
+        def histogram(
+            name: str, doc: str, names: tuple[str, ...], family: HistFamily, rows: _HistRows | None = None
+        ) -> Metric:
+            text = _hist_text(name, doc, names, family.bounds, family.copy() if rows is None else rows)
+            return _Rendered(name, "histogram", text)
+
+        def counter(name: str, doc: str, names: tuple[str, ...], rows: list[tuple[Count, float]]) -> Metric:
+            return _Rendered(name, "counter", _counter_text(name, doc, names, rows))
+
+        tokens = sink._tokens.copy()  # one copy for the histogram and its sum counter: they agree
+        yield histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens, tokens)
+        yield _Rendered(f"{PREFIX}_tokens", "counter", _sum_counter_text(f"{PREFIX}_tokens", _HELP["tokens"], tokens))
+        yield histogram(f"{PREFIX}_message_bytes", _HELP["message_bytes"], _MESSAGE_LABELS, sink._bytes)
+        yield counter(f"{PREFIX}_bytes", _HELP["bytes"], _MESSAGE_LABELS, sink._byte_sums.copy())
+        responses = sink._responses.copy()
+        yield counter(f"{PREFIX}_responses", _HELP["responses"], _TIER_LABELS, responses)
+        breaches = [row for row in responses if row[0].labels[-1] in BREACH_TIERS]
+        yield counter(f"{PREFIX}_risk_breaches", _HELP["breaches"], _TIER_LABELS, breaches)
+        yield counter(f"{PREFIX}_call_errors", _HELP["call_errors"], _CALL_LABELS, sink._call_errors.copy())
+        yield histogram(f"{PREFIX}_operation_duration_seconds", _HELP["operation"], _CALL_LABELS, sink._operation)
+        yield histogram(f"{PREFIX}_overhead_ratio", _HELP["overhead"], _TOOL_LABELS, sink._overhead)
+        yield histogram(f"{PREFIX}_session_utilization_ratio", _HELP["utilization"], _SESSION_LABELS, sink._utilization)
+        yield histogram(
+            f"{PREFIX}_session_duration_seconds", _HELP["session_duration"], _SESSION_LABELS, sink._session_duration
+        )
+        yield counter(f"{PREFIX}_session_transitions", _HELP["transitions"], _TRANSITION_LABELS,
+                      sink._transitions.copy())
+        definitions, per_tool, budgets = self._gauges()
+        for name, doc, rows in (
+            (f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], definitions),
+            (f"{PREFIX}_tool_definition_tokens", _HELP["definition"], per_tool),
+        ):
+            yield _Rendered(name, "gauge", _gauge_text(name, doc, rows))
+        yield counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], _ERROR_LABELS, sink._errors.copy())
+        yield counter(f"{PREFIX}_guard_actions", _HELP["guard"], _GUARD_LABELS, sink._guard.copy())
+        yield counter(f"{PREFIX}_cost_usd", _HELP["cost"], _COST_LABELS, sink._cost.copy())
+        name = f"{PREFIX}_output_rate_budget_tokens_per_second"
+        yield _Rendered(name, "gauge", _gauge_text(name, _HELP["budget"], budgets))
 
 
 class PrometheusMetrics:
@@ -311,7 +463,6 @@ class PrometheusMetrics:
             return
         self._files = None
         self._created = created_series
-        self._rendered: dict[tuple[str, ...], str] = {}
         lock = threading.Lock()
         self._tokens = HistFamily(TOKEN_BUCKETS, lock, _named_labels)
         self._bytes = HistFamily(BYTE_BUCKETS, lock, _named_labels)
@@ -346,41 +497,24 @@ class PrometheusMetrics:
             self._transitions.touch((side, server, state))
 
     def exposition(self) -> bytes:
-        """The registry's Prometheus text exposition (format 0.0.4), rendered here several times faster than
-        ``generate_latest``: label strings are built once per series, not validated and escaped per line.
-        Same families, series and values (a test compares both). Exemplars need OpenMetrics: serve
-        ``generate_latest``/the OpenMetrics encoder when the scraper asks for it."""
+        """The registry's Prometheus text exposition (format 0.0.4): the same bytes as ``generate_latest``
+        (a test compares them), several times faster. The aggregate families are rendered straight from
+        copies of the aggregate rows with each series' escaped label text and bucket line prefixes cached on
+        the series, instead of building a Sample per line and validating and escaping it. Families of any
+        other collector in the registry go through ``generate_latest``. Exemplars need OpenMetrics: serve the
+        OpenMetrics encoder when the scraper asks for it."""
         if self._files is not None or self._created:  # the client's own layout for these (_created families)
-            from prometheus_client import generate_latest
-
             return generate_latest(self.registry)
         out: list[str] = []
-        for metric in self.registry.collect():
-            name = metric.name
-            # As generate_latest writes them: the text format names a counter family with its _total.
-            family = f"{name}_total" if metric.type == "counter" else name
-            kind = metric.type if metric.type in ("counter", "gauge", "histogram", "summary") else "untyped"
-            out.append(f"# HELP {family} {_escape_help(metric.documentation)}\n# TYPE {family} {kind}\n")
-            cache = self._rendered
-            for sample in metric.samples:
-                labels = sample.labels
-                if labels:
-                    le = labels.get("le")
-                    if le is None:
-                        key = (name, *labels.values())
-                    else:
-                        key = (name, *(v for k, v in labels.items() if k != "le"))
-                    text = cache.get(key)
-                    if text is None:
-                        text = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels.items() if k != "le")
-                        if len(cache) >= _MAX_CACHED_SERIES * 4:
-                            cache.clear()
-                        cache[key] = text
-                    if le is not None:
-                        text = f'{text},le="{le}"' if text else f'le="{le}"'
-                    out.append(f"{sample.name}{{{text}}} {floatToGoString(sample.value)}\n")
+        _TEXT.on = True
+        try:
+            for metric in self.registry.collect():
+                if isinstance(metric, _Rendered):
+                    out.append(metric.text)
                 else:
-                    out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+                    out.append(generate_latest(_One(metric)).decode("utf-8"))  # type: ignore[arg-type]
+        finally:
+            _TEXT.on = False
         return "".join(out).encode("utf-8")
 
     def record_message(
