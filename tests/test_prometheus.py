@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -246,6 +247,10 @@ def test_promtool_check_metrics_is_clean(served: tuple[TokenRecorder, Prometheus
     body = scrape(server.url)[2]
     result = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+    # The fast renderer the /metrics service serves for plain-text scrapes, on the same data.
+    fast = served[1].exposition()
+    result = subprocess.run([promtool, "check", "metrics"], input=fast, capture_output=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
 
 
 WORKER = textwrap.dedent(
@@ -367,6 +372,21 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
 
     fast, reference = sink.exposition(), generate_latest(sink.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
+    assert fast == reference  # byte for byte: labels sorted, numbers formatted as generate_latest does
+
+    # Again after more traffic (the cached label text and line prefixes are reused), with values past 1e6
+    # (Go's exponent form: 1.000002e+06), a counter past 1e6, and a collector of the registry's own.
+    recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=BIG)
+    for _ in range(1_000_001):
+        sink._session_duration.observe(("server", ""), 0.01)
+    sink.record_cost("server", "", "dump", 2_500_000.5)
+    from prometheus_client import Counter
+
+    Counter("app_requests", "Requests of the application itself.", ["path"], registry=sink.registry).labels("/").inc()
+    fast, reference = sink.exposition(), generate_latest(sink.registry)
+    assert fast == reference
+    assert re.search(rb'mcp_token_session_duration_seconds_count\{server="",side="server"\} 1\.00000\de\+06\n', fast)
+    assert b"} 2.5000005e+06\n" in fast and b'app_requests_total{path="/"} 1.0\n' in fast
 
 
 def test_the_server_serves_the_fast_exposition_for_plain_text_and_the_client_encoder_for_openmetrics() -> None:
