@@ -2,8 +2,11 @@
 
 Both sides, every tool called with input and output in every risk tier, the list methods, errors,
 transitions and ended sessions: the largest exposition the default label bounds allow. Prints the body's
-bytes and lines and the time of one scrape (generate_latest on the registry the server serves: what holds
-the instrumented process's GIL), median / mean / p99 over ``--scrapes`` scrapes.
+bytes and lines and the time of one scrape (what holds the instrumented process's GIL), median / mean / p99
+over ``--scrapes`` scrapes, for prometheus-client's ``generate_latest`` and ``PrometheusMetrics.exposition()``
+(what the /metrics service serves for plain-text scrapes; the two arms interleaved), whether both give the same
+bytes, the first exposition (its per-series caches cold), and how long exposition() holds the aggregate lock
+(what a message being recorded meanwhile may wait for).
 
     python benchmarks/scrape_cost.py [--tools 100] [--scrapes 50] [--created]
 """
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
+from types import TracebackType
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
@@ -54,6 +59,41 @@ def populate(tools: int, created: bool) -> PrometheusMetrics:
     return sink
 
 
+class TimedLock:
+    """The aggregate's lock, recording how long each hold lasts (while ``on``)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.on = False
+        self.holds: list[float] = []
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._since = time.perf_counter()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self.on:
+            self.holds.append((time.perf_counter() - self._since) * 1000)
+        self._lock.release()
+
+
+def time_lock(sink: PrometheusMetrics) -> TimedLock:
+    """Swap a timing wrapper in for the lock every aggregate family of ``sink`` shares."""
+    families = [f for f in vars(sink).values() if hasattr(f, "series") and hasattr(f, "_lock")]
+    timed = TimedLock(families[0]._lock)
+    for family in families:
+        family._lock = timed
+    return timed
+
+
+def summary(times: list[float]) -> str:
+    times = sorted(times)
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    median, mean = statistics.median(times), statistics.fmean(times)
+    return f"median {median:.2f}, mean {mean:.2f}, p99 {p99:.2f}, max {times[-1]:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tools", type=int, default=100)
@@ -61,21 +101,30 @@ def main() -> None:
     parser.add_argument("--created", action="store_true", help="with prometheus.created_series: true")
     args = parser.parse_args()
     sink = populate(args.tools, args.created)
+    lock = time_lock(sink)
+    start = time.perf_counter()
+    fast = sink.exposition()
+    cold = (time.perf_counter() - start) * 1000
     body = generate_latest(sink.registry)
     timings: dict[str, list[float]] = {"generate_latest": [], "exposition": []}
     for _ in range(args.scrapes):  # the two renderers interleaved
         for label, render in (("generate_latest", lambda: generate_latest(sink.registry)),
                               ("exposition", sink.exposition)):
+            lock.on = label == "exposition"
             start = time.perf_counter()
             render()
             timings[label].append((time.perf_counter() - start) * 1000)
+            lock.on = False
     print(f"tools={args.tools} created_series={args.created}")
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,}")
+    print(f"exposition() gives generate_latest's bytes: {fast == body}")
     for label, times in timings.items():
-        times.sort()
-        p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-        print(f"{label} ms: median {statistics.median(times):.1f}, mean {statistics.fmean(times):.1f}, p99 {p99:.1f}")
+        print(f"{label} ms: {summary(times)}")
+    print(f"first exposition (caches cold) ms: {cold:.1f}")
+    if lock.holds:
+        per_scrape = len(lock.holds) / args.scrapes
+        print(f"aggregate lock held per hold ms ({per_scrape:.0f} holds a scrape): {summary(lock.holds)}")
 
 
 if __name__ == "__main__":

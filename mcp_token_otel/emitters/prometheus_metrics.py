@@ -71,6 +71,7 @@ _MAX_CACHED_SERIES = 10_000
 #: Multiprocess mode: seconds between a worker's refreshes of its live-sessions gauge (done on a message).
 _STATES_INTERVAL = 1.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MINUS_INF = float("-inf")
 
 #: Live sessions per (side, server) and state, as the recorder reports them (TokenRecorder.session_states);
 #: a mapping keyed by side alone (TokenRecorder.states) is shown under the sink's own ``server``.
@@ -210,6 +211,14 @@ def _label_text(pairs: list[tuple[str, str]]) -> str:
     return ",".join(f'{name}="{_escape_value(value)}"' for name, value in sorted(pairs))
 
 
+def _go_float(value: float) -> str:
+    """floatToGoString(value) for the usual values at a third of its cost: below 1e6 (where Go switches to
+    exponents) a finite float's repr is its answer; the rest (1e6 and up, infinities, NaN) go to it."""
+    if _MINUS_INF < value < 1e6:
+        return repr(float(value))
+    return floatToGoString(value)
+
+
 def _header(family: str, doc: str, kind: str) -> str:
     return f"# HELP {family} {_escape_help(doc)}\n# TYPE {family} {kind}\n"
 
@@ -238,7 +247,7 @@ def _hist_text(name: str, doc: str, names: tuple[str, ...], bounds: tuple[float,
             out += [f"{prefix}{floatToGoString(running)}\n"
                     for prefix, running in zip(prefixes, accumulate(buckets), strict=True)]
             out.append(f"{cache[3]}{floatToGoString(count)}\n")
-        out.append(f"{cache[4]}{floatToGoString(value_sum)}\n")
+        out.append(f"{cache[4]}{_go_float(value_sum)}\n")
     return "".join(out)
 
 
@@ -250,7 +259,7 @@ def _counter_text(name: str, doc: str, names: tuple[str, ...], rows: list[tuple[
         text = series.text
         if text is None:
             text = series.text = _label_text(list(zip(names, series.labels, strict=True)))
-        out.append(f"{total}{{{text}}} {floatToGoString(value)}\n")
+        out.append(f"{total}{{{text}}} {_go_float(value)}\n")
     return "".join(out)
 
 
@@ -258,13 +267,13 @@ def _sum_counter_text(name: str, doc: str, rows: _HistRows) -> str:
     """A counter equal to a histogram's sums, from the rows _hist_text rendered (their label text cached)."""
     total = f"{name}_total"
     out = [_header(total, doc, "counter")]
-    out += [f"{total}{{{series.text[1]}}} {floatToGoString(value_sum)}\n" for series, _b, value_sum, _c in rows]
+    out += [f"{total}{{{series.text[1]}}} {_go_float(value_sum)}\n" for series, _b, value_sum, _c in rows]
     return "".join(out)
 
 
 def _gauge_text(name: str, doc: str, rows: list[tuple[list[tuple[str, str]], float]]) -> str:
     out = [_header(name, doc, "gauge")]
-    out += [f"{name}{{{_label_text(pairs)}}} {floatToGoString(value)}\n" for pairs, value in rows]
+    out += [f"{name}{{{_label_text(pairs)}}} {_go_float(value)}\n" for pairs, value in rows]
     return "".join(out)
 
 
