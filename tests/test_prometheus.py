@@ -364,6 +364,8 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
     recorder, sink = make_recorder()
     drive(recorder)
     recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=SMALL)
+    recorder.record_output(None, "server", "tools/call", "dump", result=SMALL, duration_s=0.25)  # operation_duration
+    recorder.record_output(None, "server", "tools/call", "dump", error={"code": -32603, "message": "x"}, duration_s=2)
     recorder.end_session("server", "sess-secret-1234")
 
     def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
@@ -372,6 +374,7 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
 
     fast, reference = sink.exposition(), generate_latest(sink.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
+    assert b'mcp_token_operation_duration_seconds_bucket{error_type="-32603",le="2.0",' in fast
     assert fast == reference  # byte for byte: labels sorted, numbers formatted as generate_latest does
 
     # Again after more traffic (the cached label text and line prefixes are reused), with values past 1e6

@@ -224,10 +224,14 @@ def _header(family: str, doc: str, kind: str) -> str:
 
 
 def _hist_cache(name: str, names: tuple[str, ...], labels: tuple[str, ...], les: list[str]) -> tuple[Any, ...]:
-    """A histogram series' line prefixes: (name, label text, bucket prefixes, count prefix, sum prefix)."""
-    pairs = list(zip(names, labels, strict=True))
-    text = _label_text(pairs)
-    buckets = tuple(f"{name}_bucket{{{_label_text([*pairs, ('le', le)])}}} " for le in les)
+    """A histogram series' line prefixes: (name, label text, bucket prefixes, count prefix, sum prefix).
+    ``le`` takes its sorted place among the label names, as generate_latest sorts them."""
+    pairs = sorted(zip(names, labels, strict=True))
+    parts = [f'{label}="{_escape_value(value)}"' for label, value in pairs]
+    text = ",".join(parts)
+    at = sum(1 for label, _ in pairs if label < "le")
+    before, after = "".join(f"{p}," for p in parts[:at]), "".join(f",{p}" for p in parts[at:])
+    buckets = tuple(f'{name}_bucket{{{before}le="{le}"{after}}} ' for le in les)
     return name, text, buckets, f"{name}_count{{{text}}} ", f"{name}_sum{{{text}}} "
 
 
