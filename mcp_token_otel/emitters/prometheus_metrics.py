@@ -26,11 +26,13 @@ sanitised here (length, control characters, invalid UTF-8). A risk tier is deriv
 so the token histogram carries none: ``responses_total`` counts responses per tier with one line per series.
 
 Cost: a message is a few dict increments in :mod:`.aggregate`; a scrape renders the series from there (no
-``_created`` series unless ``created_series``). A breach (high or critical response) leaves a ``trace_id``
-exemplar on its bucket, rendered when the scraper negotiates OpenMetrics. With ``PROMETHEUS_MULTIPROC_DIR``
-set (multi-worker servers) the values live in prometheus-client's shared files instead (same families and
-labels), serve with :func:`multiprocess_registry`; exemplars are off there (the client does not support
-them).
+``_created`` series unless ``created_series``): :meth:`PrometheusMetrics.exposition` writes the text straight
+from copies of the aggregate rows (each series caches its escaped label text and bucket line prefixes; the
+aggregate lock is held only while a family's rows are copied), the same bytes as ``generate_latest``.
+A breach (high or critical response) leaves a ``trace_id`` exemplar on its bucket, rendered when the scraper
+negotiates OpenMetrics. With ``PROMETHEUS_MULTIPROC_DIR`` set (multi-worker servers) the values live in
+prometheus-client's shared files instead (same families and labels), serve with :func:`multiprocess_registry`;
+exemplars are off there (the client does not support them).
 """
 
 from __future__ import annotations
