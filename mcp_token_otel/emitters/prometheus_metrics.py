@@ -214,7 +214,7 @@ def _label_text(pairs: list[tuple[str, str]]) -> str:
 
 
 def _go_float(value: float) -> str:
-    """floatToGoString(value) for the usual values at a third of its cost: below 1e6 (where Go switches to
+    """floatToGoString(value) for the usual values at about half its cost: below 1e6 (where Go switches to
     exponents) a finite float's repr is its answer; the rest (1e6 and up, infinities, NaN) go to it."""
     if _MINUS_INF < value < 1e6:
         return repr(float(value))
