@@ -241,6 +241,9 @@ def measure_request(method: str, params: Any, policy: Policy | None = None) -> M
     return b.finish("input", method, tool_name)
 
 
+_TEXT_FRAMING: dict[str, str] = {"type": "text"}
+
+
 def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str, Size] | None:
     """Add one content block; for a text block, return its text and data size (duplicate detection)."""
     blk = _as_mapping(block)
@@ -252,7 +255,8 @@ def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str,
     if kind == "text":
         text = blk.get("text")
         data = b.text(text)
-        rest = {k: v for k, v in blk.items() if k != "text"}
+        # The common block is exactly {type, text}: its framing is {"type": "text"} (no copy of the block).
+        rest = _TEXT_FRAMING if len(blk) == 2 and "text" in blk else {k: v for k, v in blk.items() if k != "text"}
         b.add(label, data, b.value(rest) if rest else ZERO)
         return (text, data) if isinstance(text, str) else None
     if kind in ("image", "audio"):
@@ -292,7 +296,7 @@ def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size,
     """How structuredContent repeats a text block, if it does: (that text's size, whether it is MCPServer's
     {"result": text} wrapping of the very string, whose size is then the text's plus the wrapper's)."""
     wrapped = _NOT_JSON
-    if isinstance(structured, Mapping) and len(structured) == 1:
+    if (type(structured) is dict or isinstance(structured, Mapping)) and len(structured) == 1:
         wrapped = structured.get("result", _NOT_JSON)
     for text, size in texts:
         if wrapped is not _NOT_JSON and (wrapped is text or wrapped == text):
