@@ -353,7 +353,7 @@ def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
         if duplicate is None:
             b.add("structuredContent", b.value(structured))
         elif duplicate[1]:  # {"result": text}: no need to estimate the same string twice
-            text, wrapper = duplicate[0], b.value({"result": ""})
+            text, wrapper = duplicate[0], b.value(_RESULT_WRAPPER)
             b.add("structuredContent", overhead=Size(text.tokens + wrapper.tokens, text.bytes + wrapper.bytes))
         else:
             b.add("structuredContent", overhead=b.value(structured))
@@ -385,6 +385,41 @@ def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
             b.run_pending()
 
 
+_RESULT_WRAPPER: dict[str, str] = {"result": ""}
+#: Payload keys other than a tools/call result's own.
+_OTHER_PAYLOAD_KEYS = _RESULT_PAYLOAD_KEYS - {"content", "structuredContent"}
+
+
+def _single_text(b: _Builder, result: dict[str, Any]) -> bool:
+    """The commonest result (one plain text block, and MCPServer's ``{"result": text}`` or no
+    structuredContent) measured exactly as :func:`_measure_payload` measures it, with fewer steps; False
+    (nothing added) for any other shape, which the general rules then measure."""
+    content = result.get("content")
+    if type(content) is not list or len(content) != 1 or not _OTHER_PAYLOAD_KEYS.isdisjoint(result):
+        return False
+    block = content[0]
+    if type(block) is not dict or len(block) != 2 or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    if type(text) is not str:
+        return False
+    wrapped = False
+    if "structuredContent" in result:
+        structured = result["structuredContent"]
+        if type(structured) is not dict or len(structured) != 1:
+            return False
+        inner = structured.get("result")
+        if inner is not text and (type(inner) is not str or inner != text):
+            return False
+        wrapped = True
+    data = b.text(text)
+    b.add("text", data, b.value(_TEXT_FRAMING))
+    if wrapped:  # the duplicate is the same string: its size is the text's plus the wrapper's
+        wrapper = b.value(_RESULT_WRAPPER)
+        b.add("structuredContent", overhead=Size(data.tokens + wrapper.tokens, data.bytes + wrapper.bytes))
+    return True
+
+
 def measure_result(
     method: str, result: Any, *, tool_name: str | None = None, policy: Policy | None = None
 ) -> Measurement:
@@ -401,7 +436,7 @@ def measure_result(
             error_type = "tool_error"
     else:
         has_payload = not _RESULT_PAYLOAD_KEYS.isdisjoint(res)
-        if has_payload:
+        if has_payload and (type(res) is not dict or not _single_text(b, res)):
             _measure_payload(b, res)
         if "_meta" in res:
             b.add("_meta", overhead=b.value(res["_meta"]))
