@@ -20,6 +20,7 @@ alternates blocks between them; the figure is the server process's CPU time (use
 /proc) per call.
 
     python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown] [--no-guard]
+    python benchmarks/shim_overhead.py --http --modes ""    # the streamable HTTP cell alone
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def main() -> None:
     if "guard" in configs:
         header += ("guard med µs", "guard vs shim med", "guard mean", "guard vs shim mean", "guard p99")
     rows = []
-    for mode in args.modes.split(","):
+    for mode in filter(None, args.modes.split(",")):  # --modes "" with --http: the HTTP cell alone
         for label in args.sizes.split(","):
             r = run_cell(configs, mode, SIZES[label], args.seconds, args.rounds, args.prometheus)
             (bm, ba, bp), (sm, sa, sp) = r["sdk"], r["shim"]

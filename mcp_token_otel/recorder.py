@@ -869,8 +869,10 @@ class TokenRecorder:
             A_RISK_TIER: m.risk_tier,
             A_ESTIMATOR: self.policy.estimator_name,
         }
-        if update is not None:
-            attrs.update(_budget_attributes(update))
+        if update is not None:  # _budget_attributes, inlined: one dict per response, not two
+            attrs[A_SESSION_TOKENS] = update.tokens
+            attrs[A_SESSION_UTILIZATION] = update.utilization
+            attrs[A_SESSION_STATE] = update.state
         if m.error_type is not None:
             attrs[A_ERROR_TYPE] = m.error_type
             if m.error_type != "tool_error":

@@ -42,7 +42,7 @@ class Patches:
 
 def called_tool(method: str, params: Any) -> str | None:
     """The tool a ``tools/call`` names, else None."""
-    if method == "tools/call" and isinstance(params, Mapping):
+    if method == "tools/call" and (type(params) is dict or isinstance(params, Mapping)):  # exact type: no ABC call
         name = params.get("name")
         return name if isinstance(name, str) else None
     return None

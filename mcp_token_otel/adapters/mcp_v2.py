@@ -75,10 +75,13 @@ logger = logging.getLogger(__name__)
 _CAPTURE: contextvars.ContextVar[OutboundCall | None] = contextvars.ContextVar("mcp_token_capture", default=None)
 #: The shim's own span that is the parent of the next shim span in this task, when it is not made current.
 _SHIM_PARENT: contextvars.ContextVar[Span | None] = contextvars.ContextVar("mcp_token_shim_parent", default=None)
-#: Server: inside a request handler, (the budget key, attributes) for the requests the handler sends.
-_SERVER_CALL: contextvars.ContextVar[tuple[str | None, dict[str, Any]] | None] = contextvars.ContextVar(
+#: Server: inside a request handler, (the budget key, the request's adapter attributes, its protocol version)
+#: for the requests the handler sends (their attributes are picked from these only when one is sent).
+_SERVER_CALL: contextvars.ContextVar[tuple[str | None, dict[str, Any], Any] | None] = contextvars.ContextVar(
     "mcp_token_server_call", default=None
 )
+#: The request's adapter attributes that the requests its handler sends carry too.
+_SENDS_KEYS = (A_SESSION_ID, A_TRANSPORT)
 #: Client: the transport opened last in this task, ("tcp", StreamableHTTPTransport) or ("pipe", None).
 _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.ContextVar(
     "mcp_token_client_transport", default=None
@@ -363,11 +366,8 @@ class TokenMiddleware:
         rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
         tool = called_tool(method, params)
         tokens = _activate(own)
-        # What the requests this handler sends (sampling, elicitation) are measured with.
-        sends = {k: v for k, v in extra.items() if k in (A_SESSION_ID, A_TRANSPORT)}
-        if ctx.protocol_version:
-            sends[A_PROTOCOL] = ctx.protocol_version
-        server_call = _SERVER_CALL.set((session_key, sends))
+        # What the requests this handler sends (sampling, elicitation) are measured with (see server_send).
+        server_call = _SERVER_CALL.set((session_key, extra, ctx.protocol_version))
         started = time.perf_counter()
         try:
             if refusal is not None:  # answered by the guard: the handler is not called
@@ -412,10 +412,14 @@ class TokenMiddleware:
             if depth_token is not None:
                 with contextlib.suppress(ValueError):
                     _DEPTH.reset(depth_token)
-            with contextlib.suppress(ValueError):
+            try:  # noqa: SIM105 - contextlib.suppress builds an object and makes two calls on every request
                 _SERVER_CALL.reset(server_call)
-            _deactivate(tokens)
-            rec.end_span(own)
+            except ValueError:
+                pass
+            if tokens[0] is not None or tokens[1] is not None:
+                _deactivate(tokens)
+            if own is not None:
+                rec.end_span(own)
 
 
 class DispatcherProxy:
@@ -704,8 +708,12 @@ class V2Shim:
         key: str | None = None
         try:
             server_call = _SERVER_CALL.get()
-            key, extra = server_call if server_call is not None else (None, {})
-            attrs = {**call_attributes(method, params), **extra}
+            attrs = call_attributes(method, params)
+            if server_call is not None:
+                key, extra, version = server_call
+                attrs.update((k, v) for k, v in extra.items() if k in _SENDS_KEYS)
+                if version:
+                    attrs[A_PROTOCOL] = version
         except Exception:
             self.recorder._fault("span")
         call = OutboundCall(self, "server", method, params, key, attrs)

@@ -76,6 +76,8 @@ class SessionBudget:
         """Add one call's tokens (negative values are ignored) and report any state it entered."""
         self.tokens += max(0, int(tokens))
         self.calls += 1
+        if self.tokens < self._warn_at or self.state == "exhausted":  # nothing to enter: no lists built
+            return BudgetUpdate(self.tokens, self.tokens / self.context_window, self.state)
         entered: list[BudgetState] = []
         if self.state == "ok" and self.tokens >= self._warn_at:
             self.state = "warning"

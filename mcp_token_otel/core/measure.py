@@ -241,6 +241,9 @@ def measure_request(method: str, params: Any, policy: Policy | None = None) -> M
     return b.finish("input", method, tool_name)
 
 
+_TEXT_FRAMING: dict[str, str] = {"type": "text"}
+
+
 def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str, Size] | None:
     """Add one content block; for a text block, return its text and data size (duplicate detection)."""
     blk = _as_mapping(block)
@@ -252,7 +255,8 @@ def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str,
     if kind == "text":
         text = blk.get("text")
         data = b.text(text)
-        rest = {k: v for k, v in blk.items() if k != "text"}
+        # The common block is exactly {type, text}: its framing is {"type": "text"} (no copy of the block).
+        rest = _TEXT_FRAMING if len(blk) == 2 and "text" in blk else {k: v for k, v in blk.items() if k != "text"}
         b.add(label, data, b.value(rest) if rest else ZERO)
         return (text, data) if isinstance(text, str) else None
     if kind in ("image", "audio"):
@@ -292,7 +296,7 @@ def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size,
     """How structuredContent repeats a text block, if it does: (that text's size, whether it is MCPServer's
     {"result": text} wrapping of the very string, whose size is then the text's plus the wrapper's)."""
     wrapped = _NOT_JSON
-    if isinstance(structured, Mapping) and len(structured) == 1:
+    if (type(structured) is dict or isinstance(structured, Mapping)) and len(structured) == 1:
         wrapped = structured.get("result", _NOT_JSON)
     for text, size in texts:
         if wrapped is not _NOT_JSON and (wrapped is text or wrapped == text):
@@ -349,7 +353,7 @@ def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
         if duplicate is None:
             b.add("structuredContent", b.value(structured))
         elif duplicate[1]:  # {"result": text}: no need to estimate the same string twice
-            text, wrapper = duplicate[0], b.value({"result": ""})
+            text, wrapper = duplicate[0], b.value(_RESULT_WRAPPER)
             b.add("structuredContent", overhead=Size(text.tokens + wrapper.tokens, text.bytes + wrapper.bytes))
         else:
             b.add("structuredContent", overhead=b.value(structured))
@@ -381,6 +385,41 @@ def _measure_payload(b: _Builder, result: Mapping[str, Any]) -> None:
             b.run_pending()
 
 
+_RESULT_WRAPPER: dict[str, str] = {"result": ""}
+#: Payload keys other than a tools/call result's own.
+_OTHER_PAYLOAD_KEYS = _RESULT_PAYLOAD_KEYS - {"content", "structuredContent"}
+
+
+def _single_text(b: _Builder, result: dict[str, Any]) -> bool:
+    """The commonest result (one plain text block, and MCPServer's ``{"result": text}`` or no
+    structuredContent) measured exactly as :func:`_measure_payload` measures it, with fewer steps; False
+    (nothing added) for any other shape, which the general rules then measure."""
+    content = result.get("content")
+    if type(content) is not list or len(content) != 1 or not _OTHER_PAYLOAD_KEYS.isdisjoint(result):
+        return False
+    block = content[0]
+    if type(block) is not dict or len(block) != 2 or block.get("type") != "text":
+        return False
+    text = block.get("text")
+    if type(text) is not str:
+        return False
+    wrapped = False
+    if "structuredContent" in result:
+        structured = result["structuredContent"]
+        if type(structured) is not dict or len(structured) != 1:
+            return False
+        inner = structured.get("result")
+        if inner is not text and (type(inner) is not str or inner != text):
+            return False
+        wrapped = True
+    data = b.text(text)
+    b.add("text", data, b.value(_TEXT_FRAMING))
+    if wrapped:  # the duplicate is the same string: its size is the text's plus the wrapper's
+        wrapper = b.value(_RESULT_WRAPPER)
+        b.add("structuredContent", overhead=Size(data.tokens + wrapper.tokens, data.bytes + wrapper.bytes))
+    return True
+
+
 def measure_result(
     method: str, result: Any, *, tool_name: str | None = None, policy: Policy | None = None
 ) -> Measurement:
@@ -397,7 +436,7 @@ def measure_result(
             error_type = "tool_error"
     else:
         has_payload = not _RESULT_PAYLOAD_KEYS.isdisjoint(res)
-        if has_payload:
+        if has_payload and (type(res) is not dict or not _single_text(b, res)):
             _measure_payload(b, res)
         if "_meta" in res:
             b.add("_meta", overhead=b.value(res["_meta"]))

@@ -81,7 +81,9 @@ def size_text(text: str, estimator: Estimator) -> Size:
     """Size one string as it would be inserted verbatim."""
     if not text:
         return ZERO
-    return Size(estimate_cached(text, estimator), utf8_len(text))
+    # Inlined (this runs for every text block): ASCII's byte length is its length; long text is not cached.
+    tokens = estimator(text) if len(text) > SHORT_CACHE_CHARS else estimate_cached(text, estimator)
+    return Size(tokens, len(text) if text.isascii() else utf8_len(text))
 
 
 def _bytes_as_base64(data: bytes | bytearray | memoryview) -> tuple[str, float]:
@@ -229,12 +231,25 @@ def _flat_skeleton(mapping: dict[Any, Any], depth: int = 0) -> str | None:
     return "{" + ",".join(parts) + "}"
 
 
+#: Small flat skeletons ('{"type":"text"}', the framing, _meta) -> their Size: the same few recur on every
+#: message, and one dict hit replaces the estimate lookup, the UTF-8 length and a new Size.
+_flat_sizes: dict[tuple[Estimator, str], Size] = {}
+
+
 def size_value(value: Any, estimator: Estimator) -> Size:
     """Size ``value`` as its compact JSON would be inserted into a model's context."""
     if type(value) is dict and len(value) <= 8:  # the hot path: framing, small _meta, arguments
         flat = _flat_skeleton(value)
         if flat is not None:
-            return Size(estimate_cached(flat, estimator), utf8_len(flat))
+            if len(flat) > SHORT_CACHE_CHARS:
+                return Size(estimator(flat), utf8_len(flat))
+            key = (estimator, flat)
+            size = _flat_sizes.get(key)
+            if size is None:
+                if len(_flat_sizes) >= _SHORT_CACHE_MAX:
+                    _flat_sizes.clear()
+                size = _flat_sizes[key] = Size(estimate_cached(flat, estimator), utf8_len(flat))
+            return size
     try:
         return _walk(value, estimator, partial=False)
     except _TooLarge:

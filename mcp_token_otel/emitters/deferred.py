@@ -46,6 +46,9 @@ class DeferredSink:
         self._enqueue_lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
+        #: The wrapped sink's interface: the recorder calls this one as it would call the sink. A plain
+        #: attribute (read on every emit), taken once: a sink's interface does not change.
+        self.server_aware: bool = getattr(sink, "server_aware", False) is True
         try:
             set_deferred = getattr(sink, "set_deferred", None)
             if callable(set_deferred):  # lets the sink drain this queue when its metrics are collected
@@ -64,11 +67,6 @@ class DeferredSink:
                 self.dropped += 1
                 return
             self._pending.append(item)
-
-    @property
-    def server_aware(self) -> bool:
-        """The wrapped sink's interface: the recorder calls this one as it would call the sink."""
-        return getattr(self._sink, "server_aware", False) is True
 
     def record_message(self, *args: Any) -> None:
         # args: side, method, tool, direction, measurement[, server]
