@@ -14,6 +14,9 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 
 # Re-exported for the test modules, which import them from here.
 from ..support import Otel, free_port, instrumented_session, make_config, no_usage_attributes, otel_session
@@ -40,3 +43,13 @@ def otel() -> Iterator[Otel]:
 def instrumented(otel: Otel) -> Iterator[Any]:
     """instrument() with chars/4 and the test providers; uninstrument() afterwards."""
     yield from instrumented_session(otel)
+
+
+def samples(sink: PrometheusMetrics, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``name`` in ``sink``'s exposition whose labels include ``labels``."""
+    out = []
+    for family in text_string_to_metric_families(sink.exposition().decode()):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                out.append((s.labels, s.value))
+    return out

@@ -8,13 +8,12 @@ import anyio
 from mcp.server.fastmcp import FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.trace import SpanKind
-from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.emitters.semconv import DURATION_BUCKETS
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
-from .conftest import Otel, make_config
+from .conftest import Otel, make_config, samples
 
 SERVER = "red-v1"
 
@@ -37,15 +36,6 @@ def make_server() -> FastMCP:
         return "resource text"
 
     return server
-
-
-def samples(sink: PrometheusMetrics, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-    out = []
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                out.append((s.labels, s.value))
-    return out
 
 
 def test_v1_durations_errors_and_server_names(otel: Otel) -> None:

@@ -6,23 +6,13 @@ from __future__ import annotations
 import anyio
 from mcp.server.fastmcp import FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
-from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
-from .conftest import Otel, make_config
+from .conftest import Otel, make_config, samples
 
 SERVER = "label-v1"
-
-
-def samples(sink: PrometheusMetrics, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-    out = []
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                out.append((s.labels, s.value))
-    return out
 
 
 def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
