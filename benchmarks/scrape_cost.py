@@ -1,14 +1,16 @@
 """Cost of one /metrics scrape with 100 tools and every label combination populated.
 
-Both sides, every tool called with input and output in every risk tier, the list methods, errors,
-transitions and ended sessions: the largest exposition the default label bounds allow. Prints the body's
+Both sides (``--sides``), every tool called with input and output in every risk tier and timed (a call
+duration; each error type a tool returns would add one more duration and error series), the list methods,
+errors, transitions and ended sessions: the largest exposition the default label bounds allow. Prints the body's
 bytes and lines and the time of one scrape (what holds the instrumented process's GIL), median / mean / p99
 over ``--scrapes`` scrapes, for prometheus-client's ``generate_latest`` and ``PrometheusMetrics.exposition()``
 (what the /metrics service serves for plain-text scrapes; the two arms interleaved), whether both give the same
 bytes, the first exposition (its per-series caches cold), and how long exposition() holds the aggregate lock
 (what a message being recorded meanwhile may wait for).
 
-    python benchmarks/scrape_cost.py [--tools 100] [--scrapes 50] [--created]
+    python benchmarks/scrape_cost.py [--tools 100] [--scrapes 50] [--sides client,server] [--created]
+        [--input-histograms]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client import generate_latest
 
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.core.measure import Measurement
+from mcp_token_otel.emitters.otel_metrics import CallInfo
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.recorder import TokenRecorder
 
@@ -32,25 +35,32 @@ TIER_TOKENS = {"low": 100, "medium": 2000, "high": 6000, "critical": 20_000}
 METHODS = ("tools/list", "resources/list", "resources/read", "prompts/list", "prompts/get", "initialize", "ping")
 
 
-def populate(tools: int, created: bool) -> PrometheusMetrics:
+def populate(
+    tools: int, created: bool, input_histograms: bool = False, sides: tuple[str, ...] = ("client", "server")
+) -> PrometheusMetrics:
     config = config_from_dict({"metrics": {"max_tool_names": tools}})
     recorder = TokenRecorder(config, TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(states=recorder.session_states, created_series=created)
+    sink = PrometheusMetrics(
+        states=recorder.session_states, created_series=created, input_histograms=input_histograms
+    )
     recorder.sinks = [sink]  # only the sink under test
     names = [f"tool_{i:03d}" for i in range(tools)]
     recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": n} for n in names]})
-    for side in ("client", "server"):
+    call = CallInfo(duration=0.05)
+    for side in sides:
         for name in names:
             for tier, tokens in TIER_TOKENS.items():
                 m = Measurement("output", "tools/call", name, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
                 sink.record_message(side, "tools/call", recorder.tool_names(name), "output", m)
                 sink.record_message(side, "tools/call", recorder.tool_names(name), "input", m)
                 sink.record_breach(side, "tools/call", name, tier)
+            sink.record_call(side, "tools/call", name, "", call)
         for method in METHODS:
             for tier, tokens in TIER_TOKENS.items():
                 m = Measurement("output", method, None, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
                 sink.record_message(side, method, None, "output", m)
                 sink.record_message(side, method, None, "input", m)
+            sink.record_call(side, method, None, "", call)
         for state in ("warning", "exhausted"):
             sink.record_transition(side, state)
         sink.record_session_end(side, 0.5)
@@ -94,13 +104,27 @@ def summary(times: list[float]) -> str:
     return f"median {median:.2f}, mean {mean:.2f}, p99 {p99:.2f}, max {times[-1]:.2f}"
 
 
+def families(body: bytes) -> list[tuple[str, int]]:
+    """Bytes per family of an exposition, largest first."""
+    sizes: dict[str, int] = {}
+    family = ""
+    for line in body.splitlines(keepends=True):
+        if line.startswith(b"# HELP "):
+            family = line.split()[2].decode()
+        sizes[family] = sizes.get(family, 0) + len(line)
+    return sorted(sizes.items(), key=lambda item: -item[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tools", type=int, default=100)
     parser.add_argument("--scrapes", type=int, default=50)
     parser.add_argument("--created", action="store_true", help="with prometheus.created_series: true")
+    parser.add_argument("--input-histograms", action="store_true", help="with metrics.input_histograms: true")
+    parser.add_argument("--sides", default="client,server", help="the sides that see every tool")
     args = parser.parse_args()
-    sink = populate(args.tools, args.created)
+    sides = tuple(args.sides.split(","))
+    sink = populate(args.tools, args.created, args.input_histograms, sides)
     lock = time_lock(sink)
     start = time.perf_counter()
     fast = sink.exposition()
@@ -115,9 +139,11 @@ def main() -> None:
             render()
             timings[label].append((time.perf_counter() - start) * 1000)
             lock.on = False
-    print(f"tools={args.tools} created_series={args.created}")
+    print(f"tools={args.tools} sides={','.join(sides)} created_series={args.created} "
+          f"input_histograms={args.input_histograms}")
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,}")
+    print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB" for name, size in families(body)[:6]))
     print(f"exposition() gives generate_latest's bytes: {fast == body}")
     for label, times in timings.items():
         print(f"{label} ms: {summary(times)}")

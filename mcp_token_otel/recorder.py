@@ -265,6 +265,7 @@ class TokenRecorder:
                 states=self.session_states,
                 rate_budgets={"tool": prom.tool_output_rate_budget, "service": prom.service_output_rate_budget},
                 server=self.server_label(),
+                input_histograms=self.config.metrics.input_histograms,
             )
             if self.config.metrics.defer_otel:  # the OTel SDK's per-point cost stays off the call path
                 otel_sink = DeferredSink(otel_sink, on_error=self._fault)

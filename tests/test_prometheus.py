@@ -25,6 +25,7 @@ import anyio
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.config import config_from_dict
@@ -86,6 +87,14 @@ def samples(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def openmetrics_samples(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in openmetrics_families(body):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
 def value(found: dict, name: str, **labels: str) -> float:
     return sum(v for lbl, v in found.get(name, []) if all(lbl.get(k) == x for k, x in labels.items()))
 
@@ -101,7 +110,9 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     assert not any("risk_tier" in lbl for lbl, _ in found["mcp_token_message_tokens_count"])  # derivable
     # _created series only when asked (prometheus.created_series)
     assert not any(name.endswith("_created") for name in found)
-    assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 1
+    # requests: their tokens in the counter, no histogram unless metrics.input_histograms
+    assert value(found, "mcp_token_tokens_total", direction="input", tool="dump") > 0
+    assert not any(lbl["direction"] == "input" for lbl, _ in found["mcp_token_message_tokens_count"])
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
     assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
     assert value(found, "mcp_token_overhead_ratio_count", side="server", method="tools/call") == 3
@@ -161,6 +172,41 @@ def _body(sink: PrometheusMetrics) -> str:
     from prometheus_client import generate_latest
 
     return generate_latest(sink.registry).decode()
+
+
+@pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])
+def test_input_histograms_are_served_only_when_asked(accept: str | None) -> None:
+    """metrics.input_histograms: the requests' token histogram on /metrics (both encoders) and in OTel; off,
+    their tokens are in tokens_total alone, on both paths."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    for enabled in (False, True):
+        cfg = config_from_dict({"metrics": {"input_histograms": enabled, "defer_otel": False}})
+        reader = InMemoryMetricReader()
+        recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider(metric_readers=[reader]))
+        sink = PrometheusMetrics(input_histograms=enabled)
+        recorder.add_sink(sink)
+        drive(recorder)
+        server = MetricsServer.start("127.0.0.1", 0, sink.registry)
+        try:
+            body = scrape(server.url, accept=accept)[2]
+        finally:
+            server.close()
+        found = openmetrics_samples(body) if accept else samples(body)
+        counts = {lbl["direction"] for lbl, _ in found["mcp_token_message_tokens_count"]}
+        assert counts == ({"input", "output"} if enabled else {"output"})
+        assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == int(enabled)
+        # the request {"name": "dump", "arguments": {"all": true}}: a handful of tokens, counted either way
+        assert 3 <= value(found, "mcp_token_tokens_total", direction="input", tool="dump") <= 20
+        points = {
+            dict(point.attributes).get("mcp_token.direction")
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == "mcp_token.message.tokens"
+            for point in metric.data.data_points
+        }
+        assert points == ({"input", "output"} if enabled else {"output"})
 
 
 def test_exemplars_carry_the_trace_id_in_openmetrics(

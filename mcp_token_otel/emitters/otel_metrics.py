@@ -112,10 +112,13 @@ class OtelMetricsSink:
         states: Callable[[], Mapping[Any, Mapping[str, int]]] | None = None,
         rate_budgets: Mapping[str, float] | None = None,
         server: str = "",
+        input_histograms: bool = False,
     ) -> None:
         """``states``: live sessions per (side, server) and state (TokenRecorder.session_states; keyed by side
         alone they count under ``server``). ``server``: the recorder's server_label(), for what belongs to no
-        session (the configured budgets, dropped points)."""
+        session (the configured budgets, dropped points). ``input_histograms``: also record the token
+        histogram of requests (off: their tokens go to the counter alone, one SDK point less per call)."""
+        self._input_histograms = input_histograms
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter(SCOPE_NAME, version, schema_url=SCHEMA_URL)
         self._states = states
@@ -324,7 +327,8 @@ class OtelMetricsSink:
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
     ) -> None:
         attrs = self._message_attrs(side, method, tool, direction, server)
-        self._tokens.record(measurement.total_tokens, attrs)
+        if direction == "output" or self._input_histograms:
+            self._tokens.record(measurement.total_tokens, attrs)
         key = tuple(attrs.items())
         self._token_sums.add(key, measurement.total_tokens)
         self._byte_sums.add(key, measurement.bytes)

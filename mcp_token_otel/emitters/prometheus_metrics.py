@@ -237,14 +237,20 @@ def _hist_cache(name: str, names: tuple[str, ...], labels: tuple[str, ...], les:
     return name, text, buckets, f"{name}_count{{{text}}} ", f"{name}_sum{{{text}}} "
 
 
+def _series_cache(series: Hist, name: str, names: tuple[str, ...], les: list[str]) -> tuple[Any, ...]:
+    """``series``' line prefixes (see _hist_cache), built on its first rendering and kept on it."""
+    cache = series.text
+    if cache is None or cache[0] != name:
+        cache = series.text = _hist_cache(name, names, series.labels, les)
+    return cache
+
+
 def _hist_text(name: str, doc: str, names: tuple[str, ...], bounds: tuple[float, ...], rows: _HistRows) -> str:
     """A histogram family, byte for byte as generate_latest writes it, from copied aggregate rows."""
     les = [floatToGoString(b) for b in bounds] + ["+Inf"]
     out = [_header(name, doc, "histogram")]
     for series, buckets, value_sum, count in rows:
-        cache = series.text
-        if cache is None or cache[0] != name:
-            cache = series.text = _hist_cache(name, names, series.labels, les)
+        cache = _series_cache(series, name, names, les)
         prefixes = cache[2]
         if count < 1_000_000:  # every cumulative count is <= count: floatToGoString's "n.0" for all of them
             out += [f"{prefix}{running}.0\n" for prefix, running in zip(prefixes, accumulate(buckets), strict=True)]
@@ -269,11 +275,12 @@ def _counter_text(name: str, doc: str, names: tuple[str, ...], rows: list[tuple[
     return "".join(out)
 
 
-def _sum_counter_text(name: str, doc: str, rows: _HistRows) -> str:
-    """A counter equal to a histogram's sums, from the rows _hist_text rendered (their label text cached)."""
+def _sum_counter_text(name: str, doc: str, rows: _HistRows, cache: Callable[[Hist], tuple[Any, ...]]) -> str:
+    """A counter equal to a histogram's sums, from its rows; ``cache`` gives a series' cached label text
+    (the histogram's, also for the series the histogram leaves out)."""
     total = f"{name}_total"
     out = [_header(total, doc, "counter")]
-    out += [f"{total}{{{series.text[1]}}} {_go_float(value_sum)}\n" for series, _b, value_sum, _c in rows]
+    out += [f"{total}{{{cache(series)[1]}}} {_go_float(value_sum)}\n" for series, _b, value_sum, _c in rows]
     return "".join(out)
 
 
@@ -294,12 +301,17 @@ class _AggregateCollector(Collector):
         self._sink = sink
         self._created = created
 
-    def _histogram(self, name: str, doc: str, names: tuple[str, ...], family: HistFamily) -> Metric:
+    def _histogram(
+        self, name: str, doc: str, names: tuple[str, ...], family: HistFamily, shown: bool = True
+    ) -> Metric:
+        """``shown``: False leaves out the requests' series (direction "input"; metrics.input_histograms)."""
         metric = Metric(name, doc, "histogram")
         samples = metric.samples
         les = [floatToGoString(b) for b in family.bounds] + ["+Inf"]
         bucket, total, count, created = f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"
         for labels, buckets, value_sum, value_count, created_at, exemplars in family.snapshot():
+            if not shown and labels[-1] == "input":
+                continue
             base = dict(zip(names, labels, strict=True))
             running = 0
             for index, le in enumerate(les):
@@ -350,7 +362,9 @@ class _AggregateCollector(Collector):
             yield from self._collect_text()
             return
         sink = self._sink
-        yield self._histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens)
+        yield self._histogram(
+            f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens, sink.input_histograms
+        )
         # tokens_total (bytes_total) is the histogram's sum, kept as a counter for the queries and rules that
         # use it (and that join with the OpenTelemetry path's counter of the same name).
         yield self._counter(f"{PREFIX}_tokens", _HELP["tokens"], self._sums(sink._tokens))
@@ -413,8 +427,16 @@ class _AggregateCollector(Collector):
             return _Rendered(name, "counter", _counter_text(name, doc, names, rows))
 
         tokens = sink._tokens.copy()  # one copy for the histogram and its sum counter: they agree
-        yield histogram(f"{PREFIX}_message_tokens", _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens, tokens)
-        yield _Rendered(f"{PREFIX}_tokens", "counter", _sum_counter_text(f"{PREFIX}_tokens", _HELP["tokens"], tokens))
+        name = f"{PREFIX}_message_tokens"
+        shown = tokens if sink.input_histograms else [row for row in tokens if row[0].labels[-1] != "input"]
+        yield histogram(name, _HELP["message_tokens"], _MESSAGE_LABELS, sink._tokens, shown)
+        les = [floatToGoString(b) for b in sink._tokens.bounds] + ["+Inf"]
+
+        def label_text(series: Hist) -> tuple[Any, ...]:  # the histogram's cache, also for series it leaves out
+            return _series_cache(series, name, _MESSAGE_LABELS, les)
+
+        text = _sum_counter_text(f"{PREFIX}_tokens", _HELP["tokens"], tokens, label_text)
+        yield _Rendered(f"{PREFIX}_tokens", "counter", text)
         yield histogram(f"{PREFIX}_message_bytes", _HELP["message_bytes"], _MESSAGE_LABELS, sink._bytes)
         yield counter(f"{PREFIX}_bytes", _HELP["bytes"], _MESSAGE_LABELS, sink._byte_sums.copy())
         responses = sink._responses.copy()
@@ -450,7 +472,9 @@ class PrometheusMetrics:
     and histogram (off by default: one more line per series that no dashboard or rule reads).
     ``server`` is the server name known at start (the recorder's ``server_label()``: the configured override
     or the proxy's ``--name``): its series exist from the start, and the series that belong to no session
-    (instrumentation errors, the configured budgets) carry it.
+    (instrumentation errors, the configured budgets) carry it. ``input_histograms`` (config
+    ``metrics.input_histograms``) also exposes the token histogram of requests; off, their tokens are in
+    ``tokens_total`` only.
     """
 
     server_aware = True
@@ -464,8 +488,10 @@ class PrometheusMetrics:
         service_output_rate_budget: float = 500.0,
         created_series: bool = False,
         server: str = "",
+        input_histograms: bool = False,
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        self.input_histograms = input_histograms
         self._multiprocess = multiprocess_mode()
         self._states = states
         self.rate_budgets = {"tool": tool_output_rate_budget, "service": service_output_rate_budget}
@@ -473,7 +499,7 @@ class PrometheusMetrics:
         self._created = created_series
         if self._multiprocess:
             self._files: _SharedFileFamilies | None = _SharedFileFamilies(
-                self.registry, states, self.rate_budgets, self.server
+                self.registry, states, self.rate_budgets, self.server, input_histograms
             )
             return
         self._files = None
@@ -644,9 +670,15 @@ class _SharedFileFamilies:
     """Multiprocess mode: the same families as prometheus-client objects (their values live in shared files)."""
 
     def __init__(
-        self, r: CollectorRegistry, states: StatesFn | None, rate_budgets: Mapping[str, float], server: str
+        self,
+        r: CollectorRegistry,
+        states: StatesFn | None,
+        rate_budgets: Mapping[str, float],
+        server: str,
+        input_histograms: bool = False,
     ) -> None:
         self._states = states
+        self._input_histograms = input_histograms
         self._states_read = float("-inf")
         self._server = server
         self.message_tokens = Histogram(
@@ -715,7 +747,7 @@ class _SharedFileFamilies:
             labels = (side, label_value(server), label_value(method), label_value(tool))
             output = direction == "output"
             children = (
-                self.message_tokens.labels(*labels, direction),
+                self.message_tokens.labels(*labels, direction) if output or self._input_histograms else None,
                 self.tokens.labels(*labels, direction),
                 self.message_bytes.labels(*labels, direction) if output else None,
                 self.bytes.labels(*labels, direction),
@@ -738,7 +770,8 @@ class _SharedFileFamilies:
         tokens_hist, tokens_total, bytes_hist, bytes_total, overhead, responses = self._children(
             side, server, method, tool, direction
         )
-        tokens_hist.observe(m.total_tokens)
+        if tokens_hist is not None:
+            tokens_hist.observe(m.total_tokens)
         tokens_total.inc(m.total_tokens)
         if bytes_hist is not None:
             bytes_hist.observe(m.bytes)

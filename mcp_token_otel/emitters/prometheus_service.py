@@ -57,6 +57,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
         service_output_rate_budget=config.service_output_rate_budget,
         created_series=config.created_series,
         server=recorder.server_label(),
+        input_histograms=recorder.config.metrics.input_histograms,
     )
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
     recorder.add_sink(metrics)  # only once everything that can fail has been built

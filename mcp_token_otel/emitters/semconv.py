@@ -111,16 +111,17 @@ M_GUARD_POLICY = "mcp_token.guard.policy"
 M_GUARD_ACTION = "mcp_token.guard.action"
 M_GUARD_ENFORCED = "mcp_token.guard.enforced"
 
-#: Powers of 4 from 16 to 4 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
-#: message under 16 tokens or over 4 Mi needs no finer bucket), which keeps /metrics small at 100 tools.
-TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(2, 12))
+#: Powers of 4 from 64 to 1 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
+#: message under 64 tokens needs no finer bucket; 1 Mi is the largest context window on sale, so anything
+#: above it is one "+Inf" case), which keeps /metrics small at 100 tools.
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 11))
 #: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
 RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 #: The MCP conventions' boundaries for the operation and session durations (seconds).
 DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-#: Response sizes in bytes: powers of 8 from 512 B to 16 MiB (six bounds keep the family small at 100 tools).
-BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 9))
+#: Response sizes in bytes: powers of 8 from 512 B to 2 MiB (five bounds keep the family small at 100 tools).
+BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 8))
 
 
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:

@@ -133,8 +133,8 @@ def test_otlp_http_export(receiver: Receiver) -> None:
         "mcp_token.session.utilization",
     } <= set(metrics)
     tokens = metrics["mcp_token.message.tokens"]
-    assert sum(p.count for p in tokens) == 2
-    assert list(tokens[0].explicit_bounds)[:3] == [16.0, 64.0, 256.0]
+    assert sum(p.count for p in tokens) == 1  # the response (a request's tokens: the counter alone)
+    assert list(tokens[0].explicit_bounds)[:3] == [64.0, 256.0, 1024.0]
     for points in metrics.values():
         for p in points:
             assert "sess" not in {str(v) for v in _attrs(p.attributes).values()}

@@ -86,7 +86,9 @@ def test_metrics_names_buckets_and_no_session_id(otel: Otel) -> None:
     rec.end_session("client", "s1")
     points = otel.metrics()
     tokens = points["mcp_token.message.tokens"]
-    assert {p.attributes["mcp_token.direction"] for p in tokens} == {"input", "output"}
+    # requests' tokens go to the counter only, unless metrics.input_histograms
+    assert {p.attributes["mcp_token.direction"] for p in tokens} == {"output"}
+    assert {p.attributes["mcp_token.direction"] for p in points["mcp_token.tokens"]} == {"input", "output"}
     out = next(p for p in tokens if p.attributes["mcp_token.direction"] == "output")
     assert out.attributes == {
         "mcp_token.side": "client",
@@ -95,7 +97,7 @@ def test_metrics_names_buckets_and_no_session_id(otel: Otel) -> None:
         "mcp_token.direction": "output",
     }  # the risk tier is derivable from the value: not a dimension of the histogram
     assert tuple(out.explicit_bounds) == TOKEN_BUCKETS
-    assert TOKEN_BUCKETS[0] == 16 and TOKEN_BUCKETS[-1] == 4194304
+    assert TOKEN_BUCKETS[0] == 64 and TOKEN_BUCKETS[-1] == 1048576
     assert points["mcp_token.overhead.ratio"]
     assert sum(p.value for p in points["mcp_token.risk.breaches"]) == 2
     transitions = {
@@ -167,6 +169,7 @@ def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
     assert rec.error_counts["metrics"] >= 2
 
     rec = TokenRecorder(make_config(), otel.tracer_provider, BrokenMeterProvider())
+    one_call(rec, "text")
     one_call(rec, "text")
     rec.flush()  # meter points are recorded off the call path: their faults surface when replayed
     assert rec.error_counts["metrics"] >= 2

@@ -166,7 +166,7 @@ def test_sampling_round_trip_is_one_trace(otel: Otel, instrumented: Any) -> None
         assert span.attributes["mcp_token.output_tokens"] > 0
         assert span.attributes["jsonrpc.request.id"]
     # The log notification the server sent was measured (metrics only: no span, no budget).
-    points = otel.metrics()["mcp_token.message.tokens"]
+    points = otel.metrics()["mcp_token.tokens"]  # notifications are requests: their tokens in the counter
     sent = {(p.attributes["mcp_token.side"], p.attributes["mcp.method.name"]) for p in points}
     assert ("server", "notifications/message") in sent
     assert ("client", "notifications/message") in sent

@@ -379,8 +379,17 @@ def test_double_instrument_one_span_per_call(otel: Otel) -> None:
         for p in otel.metrics()["mcp_token.message.tokens"]
         if p.attributes.get("gen_ai.tool.name") == "text" and p.attributes["mcp_token.side"] == "client"
     ]
-    assert sorted(p.attributes["mcp_token.direction"] for p in points) == ["input", "output"]
+    assert [p.attributes["mcp_token.direction"] for p in points] == ["output"]  # requests: counter only
     assert all(p.count == 1 for p in points)
+    # the request counted once: the counter holds exactly the client span's input tokens
+    (span,) = [s for s in spans if s.name == "tools/call text" and s.kind is SpanKind.CLIENT]
+    sums = [
+        p.value
+        for p in otel.metrics()["mcp_token.tokens"]
+        if p.attributes.get("gen_ai.tool.name") == "text" and p.attributes["mcp_token.side"] == "client"
+        and p.attributes["mcp_token.direction"] == "input"
+    ]
+    assert sums == [span.attributes["mcp_token.input_tokens"]]
 
 
 def test_instrument_mid_session(otel: Otel) -> None:

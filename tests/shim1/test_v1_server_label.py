@@ -40,7 +40,10 @@ def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
     (open_sessions,) = live
     assert {(lab["side"], lab["server"]): v for lab, v in open_sessions if v} == {
         ("client", SERVER): 1, ("server", SERVER): 1}
-    initialize = samples(sink, "mcp_token_message_tokens_count", side="client", method="initialize")
-    assert [(lab["direction"], lab["server"], v) for lab, v in sorted(initialize, key=lambda r: r[0]["direction"])] \
-        == [("input", SERVER, 1.0), ("output", SERVER, 1.0)]
+    # the client's initialize, request and result, both recorded with the server its result named
+    initialize = samples(sink, "mcp_token_tokens_total", side="client", method="initialize")
+    assert sorted((lab["direction"], lab["server"]) for lab, v in initialize if v > 0) == [
+        ("input", SERVER), ("output", SERVER)]
+    responses = samples(sink, "mcp_token_message_tokens_count", side="client", method="initialize")
+    assert [(lab["direction"], lab["server"], v) for lab, v in responses] == [("output", SERVER, 1.0)]
     assert recorder.error_counts == {}
