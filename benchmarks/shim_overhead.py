@@ -5,6 +5,10 @@ Arms, interleaved in time-based blocks (long enough to include every background 
           (periodic reader every 0.5 s), no shim: what an application with OpenTelemetry already pays;
     shim  the same providers plus instrument() (defaults: OTel metrics deferred, no /metrics server), or
     both  with ``--prometheus``, the Prometheus sink as well (no server; the families are fed);
+    floor no shim: a middleware that only emits what the shim emits, through the same SDK calls, from a
+          precomputed measurement (one set_attributes of the shim's span attributes, the same metric calls
+          deferred the same way, ``--no-floor`` leaves it out): the part of the shim's cost that is the
+          OpenTelemetry SDK's own price for these signals, which no measuring code can go below;
     guard the shim with every guard policy on in observe mode and a model for the cost (``--no-guard`` leaves
           this arm out): response cap 8,000, session hard limit and warning note, annotation, rate limit,
           chain depth, padding checks. The payload repeats one sentence, so the padding checks report it
@@ -19,7 +23,7 @@ Streamable HTTP cell (``--http``): two server subprocesses (uvicorn), one with t
 alternates blocks between them; the figure is the server process's CPU time (user + system, from
 /proc) per call.
 
-    python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown] [--no-guard]
+    python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown] [--no-guard] [--no-floor]
     python benchmarks/shim_overhead.py --http --modes ""    # the streamable HTTP cell alone
 """
 
@@ -83,6 +87,43 @@ def setup_otel() -> None:
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 
 
+#: The span attributes the shim sets on a server-side 2 KB tools/call (constant values: nothing measured).
+FLOOR_ATTRIBUTES = {
+    "mcp_token.input_tokens": 2, "mcp_token.output_tokens": 767, "mcp_token.overhead_tokens": 403,
+    "mcp_token.overhead_ratio": 0.525, "mcp_token.risk_tier": "low", "mcp_token.estimator": "default",
+    "mcp_token.session.tokens": 1726, "mcp_token.session.utilization": 0.0086, "mcp_token.session.state": "ok",
+}
+FLOOR = "floor"  # the floor arm's marker in run_cell's configs
+
+
+class FloorMiddleware:
+    """The floor arm: the shim's signals for one call at their SDK price, with nothing measured."""
+
+    def __init__(self) -> None:
+        from mcp_token_otel.core.measure import Measurement
+        from mcp_token_otel.emitters.deferred import DeferredSink
+        from mcp_token_otel.emitters.otel_metrics import OtelMetricsSink
+
+        self.sink = DeferredSink(OtelMetricsSink(metrics.get_meter_provider(), server="bench"))
+        self._input = Measurement("input", "tools/call", "fetch", (), 2, 2, 0, 0.0, "low")  # type: ignore[arg-type]
+        self._output = Measurement(
+            "output", "tools/call", "fetch", (), 767, 364, 403, 0.525, "low"  # type: ignore[arg-type]
+        )
+
+    async def __call__(self, ctx: Any, call_next: Any) -> Any:
+        from mcp_token_otel.emitters.otel_metrics import CallInfo
+
+        started = time.perf_counter()
+        result = await call_next(ctx)
+        if ctx.request_id is not None:
+            trace.get_current_span().set_attributes(FLOOR_ATTRIBUTES)
+            self.sink.record_message("server", ctx.method, "fetch", "input", self._input, "bench")
+            self.sink.record_message("server", ctx.method, "fetch", "output", self._output, "bench")
+            duration = time.perf_counter() - started
+            self.sink.record_call("server", ctx.method, "fetch", "bench", CallInfo(None, duration, None, None))
+        return result
+
+
 def payload_of(size: int) -> str:
     return ("lorem ipsum dolor sit amet, " * (size // 28 + 1))[:size]
 
@@ -99,13 +140,16 @@ def make_server(payload: str) -> Any:
     return server
 
 
-async def timed_block(mode: str, payload: str, seconds: float) -> list[float]:
+async def timed_block(mode: str, payload: str, seconds: float, floor: FloorMiddleware | None = None) -> list[float]:
     from mcp import Client
 
     from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy
 
     times: list[float] = []
-    async with Client(make_server(payload), mode=mode) as client:
+    server = make_server(payload)
+    if floor is not None:
+        server._lowlevel_server.middleware.append(floor)  # after the SDK's span middleware, as the shim's
+    async with Client(server, mode=mode) as client:
         dispatcher = client.session._dispatcher
         if isinstance(dispatcher, DispatcherProxy):  # server side only
             client.session._dispatcher = dispatcher._inner
@@ -126,7 +170,8 @@ def p99(values: list[float]) -> float:
 def run_cell(
     configs: dict[str, Any], mode: str, size: int, seconds: float, rounds: int, prometheus: bool
 ) -> dict[str, Any]:
-    """``configs``: arm -> instrument() config (the "sdk" arm, None, runs without the shim)."""
+    """``configs``: arm -> instrument() config (the "sdk" arm, None, runs without the shim; FLOOR: the floor
+    middleware)."""
     from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
     from mcp_token_otel.instrumentation import instrument, uninstrument
 
@@ -137,14 +182,17 @@ def run_cell(
     for i in range(rounds):
         for arm in names if i % 2 == 0 else names[::-1]:
             gc.collect()
-            if configs[arm] is not None:
+            floor = FloorMiddleware() if configs[arm] is FLOOR else None
+            if configs[arm] is not None and floor is None:
                 recorder = instrument(configs[arm])
                 if prometheus and recorder is not None:
                     recorder.add_sink(PrometheusMetrics(states=recorder.states))
             try:
-                arms[arm].extend(anyio.run(timed_block, mode, payload, seconds))
+                arms[arm].extend(anyio.run(timed_block, mode, payload, seconds, floor))
             finally:
                 start = time.perf_counter_ns()
+                if floor is not None:
+                    floor.sink.close()  # its replay still queued, as uninstrument() for the shim
                 uninstrument()
                 tail_us[arm] += (time.perf_counter_ns() - start) / 1000
     out: dict[str, Any] = {"calls": min(len(v) for v in arms.values())}
@@ -235,6 +283,7 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="also the streamable HTTP server-CPU cell")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--no-guard", action="store_true", help="leave out the guard arm")
+    parser.add_argument("--no-floor", action="store_true", help="leave out the floor arm")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=2048, help=argparse.SUPPRESS)
@@ -247,10 +296,14 @@ def main() -> None:
 
     setup_otel()
     configs: dict[str, Any] = {"sdk": None, "shim": config_from_dict({"prometheus": {"enabled": False}})}
+    if not args.no_floor:
+        configs["floor"] = FLOOR
     if not args.no_guard:
         configs["guard"] = config_from_dict({"prometheus": {"enabled": False}, "guard": GUARD})
     header = ("mode", "result", "sdk med µs", "shim med µs", "added med", "sdk mean", "shim mean", "added mean",
               "sdk p99", "shim p99", "p99 ratio", "calls/arm")
+    if "floor" in configs:
+        header += ("floor med µs", "floor added med", "floor mean", "floor added mean", "floor p99")
     if "guard" in configs:
         header += ("guard med µs", "guard vs shim med", "guard mean", "guard vs shim mean", "guard p99")
     rows = []
@@ -261,6 +314,10 @@ def main() -> None:
             row = (mode, label, f"{bm:.0f}", f"{sm:.0f}", f"{(sm / bm - 1) * 100:+.1f}%", f"{ba:.0f}",
                    f"{sa:.0f}", f"{(sa / ba - 1) * 100:+.1f}%", f"{bp:.0f}", f"{sp:.0f}", f"{sp / bp:.2f}x",
                    f"{r['calls']:,}")
+            if "floor" in r:
+                fm, fa, fp = r["floor"]
+                row += (f"{fm:.0f}", f"{(fm / bm - 1) * 100:+.1f}%", f"{fa:.0f}", f"{(fa / ba - 1) * 100:+.1f}%",
+                        f"{fp:.0f}")
             if "guard" in r:
                 gm, ga, gp = r["guard"]
                 row += (f"{gm:.0f}", f"{gm - sm:+.0f} µs", f"{ga:.0f}", f"{ga - sa:+.0f} µs", f"{gp:.0f}")
