@@ -130,11 +130,31 @@ _NON_ASCII_RUNS = tuple(
 )
 
 
+def _pairs_on_weight_bytes() -> tuple[tuple[bytes, float], ...] | None:
+    """_ASCII_PAIRS spelt in WEIGHT_TABLE bytes, or None if two ASCII classes share a weight.
+
+    In ASCII text each class has its own weight byte, so the weight bytes are the class bytes renamed one to
+    one and a pattern occurs exactly as often in either: ASCII text (the usual payload) then needs no
+    CLASS_TABLE translation at all.
+    """
+    class_of_weight: dict[int, int] = {}
+    for byte in range(128):
+        if class_of_weight.setdefault(WEIGHT_TABLE[byte], CLASS_TABLE[byte]) != CLASS_TABLE[byte]:
+            return None
+    weight_of_class = {cls: weight for weight, cls in class_of_weight.items()}
+    return tuple((bytes(weight_of_class[c] for c in p), w) for p, w in _ASCII_PAIRS)
+
+
+_ASCII_PAIRS_ON_WEIGHTS = _pairs_on_weight_bytes()
+
+
 def _weighted_byte_sum(weights: bytes) -> int:
     if len(weights) <= _SUM_CHUNK:  # the common case on the hot path: one call, no slicing
         return (adler32(weights) & 0xFFFF) - 1
-    view = memoryview(weights)
-    return sum((adler32(view[i : i + _SUM_CHUNK]) & 0xFFFF) - 1 for i in range(0, len(view), _SUM_CHUNK))
+    total = 0
+    for start in range(0, len(weights), _SUM_CHUNK):  # a plain loop: a generator and sum() cost more than the sums
+        total += (adler32(weights[start : start + _SUM_CHUNK]) & 0xFFFF) - 1
+    return total
 
 
 # Above this many characters, estimate from evenly spaced samples (bounded cost): 32 chunks, joined and
@@ -151,7 +171,12 @@ SAMPLE_CHUNK_NON_ASCII = 64
 def _score(text: str) -> float:
     """Unrounded estimate: weighted class counts plus weighted pattern counts (all C-level)."""
     b = text.encode("utf-8", "surrogatepass")  # surrogatepass: lone surrogates never raise
-    total = _weighted_byte_sum(b.translate(WEIGHT_TABLE)) / _WEIGHT_SCALE
+    weights = b.translate(WEIGHT_TABLE)
+    total = _weighted_byte_sum(weights) / _WEIGHT_SCALE
+    if len(b) == len(text) and _ASCII_PAIRS_ON_WEIGHTS is not None:  # ASCII: count the pairs on the weights
+        for p, w in _ASCII_PAIRS_ON_WEIGHTS:
+            total += w * weights.count(p)
+        return total
     t = b.translate(CLASS_TABLE)
     for p, w in _ASCII_PAIRS:
         total += w * t.count(p)
