@@ -293,6 +293,9 @@ def _estimator_texts() -> list[str]:
         [c for c in ascii_chars if not c.isupper()],
         list("abc XYZ 019 .,;\"\n\t"),
         ascii_chars + list("éß✓你好한😀\u0301"),
+        list("Привет мир, это тест."),  # no CJK, no emoji: those runs are skipped
+        list("你好世界，这是一个测试。"),  # no 2-byte characters
+        list("ab 😀é."),
         [*"你好한😀 a", "\ud800"],
     ]
     texts = [TEXT, "".join(ascii_chars) * 20, "A0 .A0 ." * 300, "ID A1B2C3 ok. x ." * 90]
