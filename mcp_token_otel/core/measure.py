@@ -485,8 +485,8 @@ def _single_text(b: _Builder, result: dict[str, Any]) -> bool:
         wrapped = True
     data = b.text(text)
     framing = _framing(b.policy.estimator)
-    block = framing.text_block
-    b.add_counts("text", data.tokens + block.tokens, data.bytes + block.bytes, block.tokens)
+    type_field = framing.text_block
+    b.add_counts("text", data.tokens + type_field.tokens, data.bytes + type_field.bytes, type_field.tokens)
     if wrapped:  # the duplicate is the same string: its size is the text's plus the wrapper's
         wrapper = framing.result_wrapper
         tokens = data.tokens + wrapper.tokens
