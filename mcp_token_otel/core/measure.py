@@ -57,6 +57,8 @@ _LIST_DATA_FIELDS: dict[str, tuple[str, ...]] = {
     "resourceTemplates": ("uriTemplate", "name", "description"),
 }
 _RESULT_PAYLOAD_KEYS = frozenset({"content", "structuredContent", "contents", "messages", *_LIST_DATA_FIELDS})
+#: What a result's remaining fields (isError, nextCursor...) are not.
+_NOT_RESULT_FIELDS = _RESULT_PAYLOAD_KEYS | {"_meta"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,13 @@ class _Builder:
         self.overhead += overhead.tokens
         self.bytes += size
 
+    def add_counts(self, type_: str, tokens: int, size: int, overhead_tokens: int) -> None:
+        """:meth:`add` from the block's totals (the fast paths: no Size made to be summed)."""
+        self.blocks.append(Block(type_, tokens, size, overhead_tokens))
+        self.total += tokens
+        self.overhead += overhead_tokens
+        self.bytes += size
+
     def split(self, type_: str, obj: Mapping[str, Any], data_keys: tuple[str, ...]) -> None:
         """Add ``obj`` as one block whose ``data_keys`` are data and every other field overhead."""
         if len(data_keys) == 1:
@@ -216,9 +225,41 @@ def _name(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _tool_call_request(params: dict[str, Any], policy: Policy) -> Measurement | None:
+    """The commonest request, a tools/call with a string name and object (or no) arguments, measured exactly
+    as :func:`measure_request`'s general rule measures it (two blocks, no overhead) without a _Builder;
+    None for any other shape."""
+    name, arguments = params.get("name"), params.get("arguments")
+    if type(name) is not str or not (arguments is None or type(arguments) is dict):
+        return None
+    name_size = size_text(name, policy.estimator)
+    args_size = ZERO if arguments is None else size_value(arguments, policy.estimator)
+    total = name_size.tokens + args_size.tokens
+    return Measurement(
+        "input",
+        "tools/call",
+        name,
+        (Block("tool_name", name_size.tokens, name_size.bytes), Block("arguments", args_size.tokens, args_size.bytes)),
+        total,
+        total,
+        0,
+        0.0,
+        tier_of(total, policy.thresholds),
+        None,
+        args_size.reason or None,
+        name_size.bytes + args_size.bytes,
+        policy.max_overhead_ratio,
+    )
+
+
 def measure_request(method: str, params: Any, policy: Policy | None = None) -> Measurement:
     """Input-side tokens of a request or notification (see the module docstring for what counts)."""
-    b = _Builder(policy or DEFAULT_POLICY)
+    policy = policy or DEFAULT_POLICY
+    if method == "tools/call" and type(params) is dict:
+        fast = _tool_call_request(params, policy)
+        if fast is not None:
+            return fast
+    b = _Builder(policy)
     p = _as_mapping(params)
     tool_name = None
     if p is None:
@@ -390,6 +431,36 @@ _RESULT_WRAPPER: dict[str, str] = {"result": ""}
 _OTHER_PAYLOAD_KEYS = _RESULT_PAYLOAD_KEYS - {"content", "structuredContent"}
 
 
+@dataclass(frozen=True, slots=True)
+class _Framing:
+    """Sizes of the framing the commonest results carry, under one estimator (by the general rule, size_value)."""
+
+    text_block: Size  # a text block's {"type": "text"}
+    result_wrapper: Size  # MCPServer's structuredContent {"result": text}, less the text
+    is_error: Size  # the result fields {"isError": true}
+    not_error: Size  # ... and {"isError": false}
+
+
+#: Estimator -> its _Framing: computing the four costs more than the rest of a common result's bookkeeping.
+#: A process uses one estimator or a few; bounded all the same (cleared when full).
+_framings: dict[Estimator, _Framing] = {}
+_FRAMINGS_MAX = 16
+
+
+def _framing(estimator: Estimator) -> _Framing:
+    framing = _framings.get(estimator)
+    if framing is None:
+        if len(_framings) >= _FRAMINGS_MAX:
+            _framings.clear()
+        framing = _framings[estimator] = _Framing(
+            size_value(_TEXT_FRAMING, estimator),
+            size_value(_RESULT_WRAPPER, estimator),
+            size_value({"isError": True}, estimator),
+            size_value({"isError": False}, estimator),
+        )
+    return framing
+
+
 def _single_text(b: _Builder, result: dict[str, Any]) -> bool:
     """The commonest result (one plain text block, and MCPServer's ``{"result": text}`` or no
     structuredContent) measured exactly as :func:`_measure_payload` measures it, with fewer steps; False
@@ -413,11 +484,26 @@ def _single_text(b: _Builder, result: dict[str, Any]) -> bool:
             return False
         wrapped = True
     data = b.text(text)
-    b.add("text", data, b.value(_TEXT_FRAMING))
+    framing = _framing(b.policy.estimator)
+    type_field = framing.text_block
+    b.add_counts("text", data.tokens + type_field.tokens, data.bytes + type_field.bytes, type_field.tokens)
     if wrapped:  # the duplicate is the same string: its size is the text's plus the wrapper's
-        wrapper = b.value(_RESULT_WRAPPER)
-        b.add("structuredContent", overhead=Size(data.tokens + wrapper.tokens, data.bytes + wrapper.bytes))
+        wrapper = framing.result_wrapper
+        tokens = data.tokens + wrapper.tokens
+        b.add_counts("structuredContent", tokens, data.bytes + wrapper.bytes, tokens)
     return True
+
+
+def _result_fields(b: _Builder, rest: dict[str, Any]) -> Size:
+    """Size a result's fields besides its payload and _meta: nearly always just ``isError``, whose two
+    possible sizes are known."""
+    if len(rest) == 1:
+        is_error = rest.get("isError")
+        if is_error is False:
+            return _framing(b.policy.estimator).not_error
+        if is_error is True:
+            return _framing(b.policy.estimator).is_error
+    return b.value(rest)
 
 
 def measure_result(
@@ -440,9 +526,9 @@ def measure_result(
             _measure_payload(b, res)
         if "_meta" in res:
             b.add("_meta", overhead=b.value(res["_meta"]))
-        rest = {k: v for k, v in res.items() if k != "_meta" and (k not in _RESULT_PAYLOAD_KEYS)}
+        rest = {k: v for k, v in res.items() if k not in _NOT_RESULT_FIELDS}
         if rest and has_payload:
-            b.add("framing", overhead=b.value(rest))
+            b.add("framing", overhead=_result_fields(b, rest))
         elif rest:
             b.add("result", b.value(rest))
         if res.get("isError") is True:

@@ -77,13 +77,31 @@ def estimate_cached(text: str, estimator: Estimator) -> int:
     return tokens
 
 
+#: Short strings (tool names, short text blocks, small skeletons such as '{"type":"text"}') -> their Size:
+#: the same few recur on every message, and one dict hit replaces the estimate, the UTF-8 length and a new
+#: Size. Bounded; cleared when full.
+_short_sizes: dict[tuple[Estimator, str], Size] = {}
+
+
+def _short_size(text: str, estimator: Estimator) -> Size:
+    """``Size(estimator(text), utf8_len(text))`` for a non-empty string of at most SHORT_CACHE_CHARS, cached."""
+    key = (estimator, text)
+    size = _short_sizes.get(key)
+    if size is None:
+        if len(_short_sizes) >= _SHORT_CACHE_MAX:
+            _short_sizes.clear()
+        size = _short_sizes[key] = Size(estimator(text), utf8_len(text))
+    return size
+
+
 def size_text(text: str, estimator: Estimator) -> Size:
     """Size one string as it would be inserted verbatim."""
     if not text:
         return ZERO
-    # Inlined (this runs for every text block): ASCII's byte length is its length; long text is not cached.
-    tokens = estimator(text) if len(text) > SHORT_CACHE_CHARS else estimate_cached(text, estimator)
-    return Size(tokens, len(text) if text.isascii() else utf8_len(text))
+    if len(text) <= SHORT_CACHE_CHARS:
+        return _short_size(text, estimator)
+    # Inlined (this runs for every large text block): ASCII's byte length is its length.
+    return Size(estimator(text), len(text) if text.isascii() else utf8_len(text))
 
 
 def _bytes_as_base64(data: bytes | bytearray | memoryview) -> tuple[str, float]:
@@ -231,25 +249,14 @@ def _flat_skeleton(mapping: dict[Any, Any], depth: int = 0) -> str | None:
     return "{" + ",".join(parts) + "}"
 
 
-#: Small flat skeletons ('{"type":"text"}', the framing, _meta) -> their Size: the same few recur on every
-#: message, and one dict hit replaces the estimate lookup, the UTF-8 length and a new Size.
-_flat_sizes: dict[tuple[Estimator, str], Size] = {}
-
-
 def size_value(value: Any, estimator: Estimator) -> Size:
     """Size ``value`` as its compact JSON would be inserted into a model's context."""
     if type(value) is dict and len(value) <= 8:  # the hot path: framing, small _meta, arguments
         flat = _flat_skeleton(value)
-        if flat is not None:
+        if flat is not None:  # a skeleton is never empty: its Size is the same as the string's
             if len(flat) > SHORT_CACHE_CHARS:
                 return Size(estimator(flat), utf8_len(flat))
-            key = (estimator, flat)
-            size = _flat_sizes.get(key)
-            if size is None:
-                if len(_flat_sizes) >= _SHORT_CACHE_MAX:
-                    _flat_sizes.clear()
-                size = _flat_sizes[key] = Size(estimate_cached(flat, estimator), utf8_len(flat))
-            return size
+            return _short_size(flat, estimator)
     try:
         return _walk(value, estimator, partial=False)
     except _TooLarge:
