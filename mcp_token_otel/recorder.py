@@ -23,6 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
@@ -70,6 +71,22 @@ SIDES: tuple[Side, ...] = ("client", "server", "proxy")
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _CAPTURE_VALUES = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
 _MAX_SESSION_META = 100_000
+
+
+try:  # the keys is_instrumentation_enabled() reads, read from one context lookup instead of two
+    from opentelemetry.instrumentation.utils import (  # type: ignore[attr-defined]
+        _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS,
+    )
+    from opentelemetry.instrumentation.utils import (  # type: ignore[attr-defined]
+        _SUPPRESS_INSTRUMENTATION_KEY_PLAIN as _SUPPRESS_PLAIN,
+    )
+
+    def _enabled() -> bool:
+        """is_instrumentation_enabled(), with one context lookup (it is asked twice per message)."""
+        ctx = otel_context.get_current()
+        return not (ctx.get(_SUPPRESS) or ctx.get(_SUPPRESS_PLAIN))
+except ImportError:  # an instrumentation package that moved its keys: its own function
+    _enabled = is_instrumentation_enabled
 
 
 def capture_from_env() -> bool:
@@ -408,7 +425,7 @@ class TokenRecorder:
         ``server``: the server's own name, where the adapter knows it (the server side).
         Nothing is recorded inside an OpenTelemetry suppression context.
         """
-        if not is_instrumentation_enabled():
+        if not _enabled():
             return None
         try:
             measurement = measure_request(method, params, self.policy)
@@ -645,7 +662,7 @@ class TokenRecorder:
         server: str | None,
         arguments: Mapping[str, Any] | None,
     ) -> tuple[Measurement | None, Any]:
-        if not is_instrumentation_enabled():
+        if not _enabled():
             return None, result
         if duration_s is None and started is not None:
             duration_s = max(0.0, time.perf_counter() - started)
@@ -914,13 +931,39 @@ class TokenRecorder:
         except Exception:
             self._fault("metrics")
             return
-        with_server = (server,)
-        self._emit("record_message", side, method_label, tool_label, direction, m, server=with_server)
-        if direction == "output":
-            if m.risk_tier in BREACH_TIERS:
-                self._emit("record_breach", side, method_label, tool_label, m.risk_tier, server=with_server)
-            if call is not None and (call.error_type is not None or call.duration is not None):
-                self._emit_rich("record_call", side, method_label, tool_label, server, call)
-        if update is not None:
-            for state in update.transitions:
-                self._emit("record_transition", side, state, server=with_server)
+        # One pass over the sinks per message (a response's message, breach, call and transition points);
+        # each sink still gets its calls in the order it always did.
+        output = direction == "output"
+        breach = output and m.risk_tier in BREACH_TIERS
+        timed = output and call is not None and (call.error_type is not None or call.duration is not None)
+        transitions = update.transitions if update is not None else ()
+        for sink in self.sinks:
+            aware = getattr(sink, "server_aware", False) is True
+            try:
+                if aware:
+                    sink.record_message(side, method_label, tool_label, direction, m, server)
+                else:
+                    sink.record_message(side, method_label, tool_label, direction, m)
+            except Exception:
+                self._fault("metrics")
+            if breach:
+                try:
+                    if aware:
+                        sink.record_breach(side, method_label, tool_label, m.risk_tier, server)
+                    else:
+                        sink.record_breach(side, method_label, tool_label, m.risk_tier)
+                except Exception:
+                    self._fault("metrics")
+            if timed and aware:
+                try:
+                    sink.record_call(side, method_label, tool_label, server, call)
+                except Exception:
+                    self._fault("metrics")
+            for state in transitions:
+                try:
+                    if aware:
+                        sink.record_transition(side, state, server)
+                    else:
+                        sink.record_transition(side, state)
+                except Exception:
+                    self._fault("metrics")

@@ -285,21 +285,24 @@ def _error_data(exc: Exception) -> Any:
 
 
 
-def _transport_kind(ctx: Any) -> str | None:
+def _request_inner(ctx: Any) -> tuple[Any, Any]:
+    """(the session's request outbound, the 2026 wrapper's inner context or None); read once per request."""
     outbound = getattr(ctx.session, "_request_outbound", None)
+    return outbound, getattr(outbound, "_inner", None)
+
+
+def _transport_kind(outbound: Any, inner: Any) -> str | None:
     # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
-    transport = getattr(getattr(outbound, "_inner", outbound), "transport", None)
+    transport = getattr(inner if inner is not None else outbound, "transport", None)
     return getattr(transport, "kind", None)
 
 
-def _per_client_anchor(ctx: Any, connection: Any) -> Any:
+def _per_client_anchor(connection: Any, inner: Any) -> Any:
     """What stays the same across the requests of one client when every request has its own Connection
     (2026-07-28 protocol), else None (a handshake-era Connection is itself the session)."""
     outbound = getattr(connection, "outbound", None)
     if type(outbound).__name__ == "NotifyOnlyOutbound":  # modern protocol over one stream (stdio, memory)
         return outbound
-    request_outbound = getattr(ctx.session, "_request_outbound", None)
-    inner = getattr(request_outbound, "_inner", None)
     if type(inner).__name__ == "_DirectDispatchContext":  # in-process auto mode: one transport per pair
         return getattr(inner, "transport", None)
     return None
@@ -771,9 +774,12 @@ class V2Shim:
                 self._connection_keys[connection] = session_id
                 self._on_connection_end(connection, session_id)
             return session_id, session_id
-        if connection is None or _transport_kind(ctx) == "streamable-http":
+        if connection is None:
+            return None, None
+        outbound, inner = _request_inner(ctx)
+        if _transport_kind(outbound, inner) == "streamable-http":
             return None, None  # stateless HTTP: nothing identifies the client across requests
-        anchor = _per_client_anchor(ctx, connection)
+        anchor = _per_client_anchor(connection, inner)
         if anchor is not None:
             return None, self._anchor_key(anchor)
         key = self._connection_keys.get(connection)

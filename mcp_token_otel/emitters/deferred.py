@@ -4,13 +4,15 @@ The OpenTelemetry SDK spends 12-30 µs per recorded point (attribute cleaning an
 reservoirs) while the rest of the shim costs a few µs per message. ``DeferredSink`` queues each call and
 a daemon thread replays them every ``interval`` seconds. Only a breach (a high or critical response)
 carries the caller's context, so its trace-based exemplar still finds its span; other points replay
-without one (an exemplar offer per point costs more than it helps). The replay runs in slices of at most
-``slice_size`` calls and ``slice_seconds`` (0.5 ms: about 12 calls of the OTel SDK's), each followed by a real
-sleep of ``pause`` seconds: ``time.sleep(0)`` releases the GIL but the replaying thread usually takes it back
-before a waiting thread wakes, so the MCP calls stalled for whole 3 ms slices (p99 4.5x the baseline's). A
-sleep of 0.1 ms hands the GIL over, so a burst never stalls a call for longer than one short slice; order
-and count are kept, and a flush replays what was queued when it began, so it always ends. The queue is bounded: past ``max_pending`` calls, new ones are
-dropped and counted, so a stalled sink can never grow memory without limit.
+without one (an exemplar offer per point costs more than it helps).
+
+The replay runs in slices of at most ``slice_size`` calls and ``slice_seconds`` (0.5 ms, about a dozen
+queued calls), each followed by a real sleep of ``pause`` seconds (0.1 ms). ``time.sleep(0)`` releases the
+GIL, but the replaying thread usually takes it back before a waiting thread has woken, so MCP calls used to
+wait out whole 64-call slices (about 3 ms; p99 4.5x the baseline's). A real sleep hands the GIL over, so a
+replay never stalls a call for longer than one short slice. Order and count are kept, and a flush replays
+what was queued when it began, so it always ends. The queue is bounded: past ``max_pending`` calls, new
+ones are dropped and counted, so a stalled sink can never grow memory without limit.
 """
 
 from __future__ import annotations
