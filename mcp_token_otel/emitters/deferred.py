@@ -7,12 +7,14 @@ carries the caller's context, so its trace-based exemplar still finds its span; 
 without one (an exemplar offer per point costs more than it helps).
 
 The replay runs in slices of at most ``slice_size`` calls and ``slice_seconds`` (0.5 ms, about a dozen
-queued calls), each followed by a real sleep of ``pause`` seconds (0.1 ms). ``time.sleep(0)`` releases the
+queued calls), each followed by a real sleep of ``pause`` seconds (1 ms). ``time.sleep(0)`` releases the
 GIL, but the replaying thread usually takes it back before a waiting thread has woken, so MCP calls used to
-wait out whole 64-call slices (about 3 ms; p99 4.5x the baseline's). A real sleep hands the GIL over, so a
-replay never stalls a call for longer than one short slice. Order and count are kept, and a flush replays
-what was queued when it began, so it always ends. The queue is bounded: past ``max_pending`` calls, new
-ones are dropped and counted, so a stalled sink can never grow memory without limit.
+wait out whole 64-call slices (about 3 ms; p99 4.5x the baseline's); a 0.1 ms sleep is often still too short
+for the waiting thread to be scheduled on a busy machine. The sleeps last only while the flush is on schedule:
+past half an interval, slices follow each other with ``sleep(0)`` between them, so the replay keeps up.
+Order and count are kept, and a flush replays what was queued when it began, so it always ends. The queue
+is bounded: past ``max_pending`` calls, new ones are dropped and counted, so a stalled sink can never grow
+memory without limit.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class DeferredSink:
         on_error: Callable[[str], None] | None = None,
         slice_size: int = 64,
         slice_seconds: float = 0.0005,
-        pause: float = 0.0001,
+        pause: float = 0.001,
     ) -> None:
         self._sink = sink
         self._interval = interval
@@ -117,15 +119,20 @@ class DeferredSink:
         with self._drain_lock:
             # What is queued now, not what producers add meanwhile: a flush always ends.
             remaining = len(pending)
+            # Pauses only while on schedule: past half an interval, slices follow each other (yielding the GIL
+            # without sleeping) so the replay always keeps up with the calls.
+            relaxed_until = clock() + self._interval / 2
             while remaining > 0:
-                deadline = clock() + self._slice_seconds
+                now = clock()
+                deadline = now + self._slice_seconds
                 for _ in range(min(self._slice, remaining)):
                     remaining -= 1
                     self._replay(*pending.popleft())
                     if clock() >= deadline:
                         break
                 if remaining > 0:
-                    time.sleep(pause)  # hand the GIL to the MCP calls waiting on it between slices
+                    # hand the GIL to the MCP calls waiting on it between slices
+                    time.sleep(pause if now < relaxed_until else 0)
 
     def _replay(self, name: str, args: tuple[Any, ...], ctx: Any) -> None:
         token = otel_context.attach(ctx) if ctx is not None else None
