@@ -417,12 +417,16 @@ class TokenRecorder:
         attributes: Mapping[str, Any] | None = None,
         *,
         server: str | None = None,
+        hold: dict[str, Any] | None = None,
     ) -> Measurement | None:
         """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget.
 
         ``attributes`` (the adapter's own, e.g. transport and session id) go onto the span in the same
         ``set_attributes`` call. The session's running totals go on with the response (set once per span).
         ``server``: the server's own name, where the adapter knows it (the server side).
+        ``hold``: a dict that receives the request's span attributes instead of the span, for an adapter that
+        passes it to :meth:`record_output` as ``held`` (one ``set_attributes`` per call, not two) and sets
+        what is still held on the span itself if no output is recorded. Events are added at once either way.
         Nothing is recorded inside an OpenTelemetry suppression context.
         """
         if not _enabled():
@@ -450,7 +454,10 @@ class TokenRecorder:
                 if update is not None and update.transitions:  # the state entered is news: say it now
                     attrs.update(_budget_attributes(update))
                     _budget_events(span, update)
-                span.set_attributes(attrs)
+                if hold is not None:
+                    hold.update(attrs)
+                else:
+                    span.set_attributes(attrs)
         except Exception:
             self._fault("span")
         label = self._server(meta, server)
@@ -613,6 +620,7 @@ class TokenRecorder:
         duration_s: float | None = None,
         server: str | None = None,
         arguments: Mapping[str, Any] | None = None,
+        held: dict[str, Any] | None = None,
     ) -> Measurement | None:
         """Measure a response: ``result`` (wire dict or model) or ``error`` (MCPError/ErrorData/dict).
 
@@ -621,9 +629,10 @@ class TokenRecorder:
         own name where the adapter knows it. Nothing is recorded inside a suppression context.
         With the guards on, a successful result also goes through them (counted, budgeted as delivered):
         adapters that deliver the guarded result call :meth:`record_guarded_output` instead.
+        ``held``: the request's attributes held by :meth:`record_input`; set with the response's, then cleared.
         """
         return self._output(span, side, method, tool_name, result, error, session_id, started, duration_s, server,
-                            arguments)[0]
+                            arguments, held)[0]
 
     def record_guarded_output(
         self,
@@ -638,6 +647,7 @@ class TokenRecorder:
         started: float | None = None,
         duration_s: float | None = None,
         server: str | None = None,
+        held: dict[str, Any] | None = None,
     ) -> tuple[Measurement | None, Any]:
         """:meth:`record_output` for a successful result (a wire dict) that returns (measurement, the result to
         deliver). The result to deliver ``is result`` when no guard changed it, and on any fault.
@@ -646,7 +656,7 @@ class TokenRecorder:
         stands), add what enters the context (the guarded result's tokens) to the budget, then spans and
         metrics (cost on the span and the cost counter)."""
         return self._output(span, side, method, tool_name, result, None, session_id, started, duration_s, server,
-                            arguments)
+                            arguments, held)
 
     def _output(
         self,
@@ -661,6 +671,7 @@ class TokenRecorder:
         duration_s: float | None,
         server: str | None,
         arguments: Mapping[str, Any] | None,
+        held: dict[str, Any] | None = None,
     ) -> tuple[Measurement | None, Any]:
         if not _enabled():
             return None, result
@@ -697,7 +708,7 @@ class TokenRecorder:
         call = CallInfo(measurement.error_type, duration_s)
         try:
             if span is not None and span.is_recording():
-                self._output_on_span(span, measurement, result, update, definitions, error, cost)
+                self._output_on_span(span, measurement, result, update, definitions, error, cost, held)
                 if duration_s is not None:  # the conventions' metric attributes the span already carries
                     span_attrs = getattr(span, "attributes", None)
                     if isinstance(span_attrs, Mapping):
@@ -878,14 +889,15 @@ class TokenRecorder:
         definitions: tuple[int, dict[str, int]] | None = None,
         error: Any = None,
         cost: float | None = None,
+        held: dict[str, Any] | None = None,
     ) -> None:
-        attrs: dict[str, Any] = {
-            A_OUTPUT_TOKENS: m.total_tokens,
-            A_OVERHEAD_TOKENS: m.overhead_tokens,
-            A_OVERHEAD_RATIO: m.overhead_ratio,
-            A_RISK_TIER: m.risk_tier,
-            A_ESTIMATOR: self.policy.estimator_name,
-        }
+        # The request's held attributes first: the response's (session totals included) are newer.
+        attrs: dict[str, Any] = held if held is not None else {}
+        attrs[A_OUTPUT_TOKENS] = m.total_tokens
+        attrs[A_OVERHEAD_TOKENS] = m.overhead_tokens
+        attrs[A_OVERHEAD_RATIO] = m.overhead_ratio
+        attrs[A_RISK_TIER] = m.risk_tier
+        attrs[A_ESTIMATOR] = self.policy.estimator_name
         if update is not None:  # _budget_attributes, inlined: one dict per response, not two
             attrs[A_SESSION_TOKENS] = update.tokens
             attrs[A_SESSION_UTILIZATION] = update.utilization
@@ -902,6 +914,8 @@ class TokenRecorder:
             content = result.get("content", result) if isinstance(result, Mapping) else result
             attrs[A_RESULT] = _truncate(content, self._max_chars)
         span.set_attributes(attrs)
+        if held:
+            held.clear()  # on the span now: the adapter has nothing left to set
         if m.error_type is not None and _status_unset(span):
             span.set_status(StatusCode.ERROR, _status_description(m, result, error))
         if m.risk_tier in BREACH_TIERS:

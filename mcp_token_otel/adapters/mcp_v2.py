@@ -366,7 +366,9 @@ class TokenMiddleware:
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
                 rec._fault("guard")
-        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
+        # The request's span attributes are held and set with the response's: one set_attributes per call.
+        held: dict[str, Any] = {}
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server, hold=held)
         tool = called_tool(method, params)
         tokens = _activate(own)
         # What the requests this handler sends (sampling, elicitation) are measured with (see server_send).
@@ -376,13 +378,13 @@ class TokenMiddleware:
             if refusal is not None:  # answered by the guard: the handler is not called
                 refusal = _envelope(refusal, ctx.protocol_version)
                 rec.record_output(span, "server", method, tool, result=refusal, session_id=session_key,
-                                  started=started, server=server)
+                                  started=started, server=server, held=held)
                 return refusal
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
                 rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
-                                  started=started, server=server)
+                                  started=started, server=server, held=held)
                 raise
             except Exception as exc:
                 if own is not None:
@@ -390,7 +392,7 @@ class TokenMiddleware:
                 if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
                     error = _error_data(exc)
                     rec.record_output(span, "server", method, tool, error=error, session_id=session_key,
-                                      started=started, server=server)
+                                      started=started, server=server, held=held)
                 raise
             if ctx.request_id is not None:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
@@ -400,11 +402,11 @@ class TokenMiddleware:
                     return result
                 if not guarded:
                     rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
-                                      started=started, server=server)
+                                      started=started, server=server, held=held)
                     return result
                 _, out = rec.record_guarded_output(
                     span, "server", method, tool, wire, session_key, started=started, server=server,
-                    arguments=params.get("arguments") if tool is not None else None,
+                    arguments=params.get("arguments") if tool is not None else None, held=held,
                 )
                 try:
                     return deliver(result, wire, out)
@@ -419,6 +421,8 @@ class TokenMiddleware:
                 _SERVER_CALL.reset(server_call)
             except ValueError:
                 pass
+            if held:  # no response recorded (a notification, a cancelled call, a fault): the request's own
+                rec.set_attributes(span, held)
             if tokens[0] is not None or tokens[1] is not None:
                 _deactivate(tokens)
             if own is not None:
