@@ -23,6 +23,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
@@ -70,6 +71,22 @@ SIDES: tuple[Side, ...] = ("client", "server", "proxy")
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 _CAPTURE_VALUES = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
 _MAX_SESSION_META = 100_000
+
+
+try:  # the keys is_instrumentation_enabled() reads, read from one context lookup instead of two
+    from opentelemetry.instrumentation.utils import (  # type: ignore[attr-defined]
+        _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS,
+    )
+    from opentelemetry.instrumentation.utils import (  # type: ignore[attr-defined]
+        _SUPPRESS_INSTRUMENTATION_KEY_PLAIN as _SUPPRESS_PLAIN,
+    )
+
+    def _enabled() -> bool:
+        """is_instrumentation_enabled(), with one context lookup (it is asked twice per message)."""
+        ctx = otel_context.get_current()
+        return not (ctx.get(_SUPPRESS) or ctx.get(_SUPPRESS_PLAIN))
+except ImportError:  # an instrumentation package that moved its keys: its own function
+    _enabled = is_instrumentation_enabled
 
 
 def capture_from_env() -> bool:
@@ -401,15 +418,19 @@ class TokenRecorder:
         attributes: Mapping[str, Any] | None = None,
         *,
         server: str | None = None,
+        hold: dict[str, Any] | None = None,
     ) -> Measurement | None:
         """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget.
 
         ``attributes`` (the adapter's own, e.g. transport and session id) go onto the span in the same
         ``set_attributes`` call. The session's running totals go on with the response (set once per span).
         ``server``: the server's own name, where the adapter knows it (the server side).
+        ``hold``: a dict that receives the request's span attributes instead of the span, for an adapter that
+        passes it to :meth:`record_output` as ``held`` (one ``set_attributes`` per call, not two) and sets
+        what is still held on the span itself if no output is recorded. Events are added at once either way.
         Nothing is recorded inside an OpenTelemetry suppression context.
         """
-        if not is_instrumentation_enabled():
+        if not _enabled():
             return None
         try:
             measurement = measure_request(method, params, self.policy)
@@ -434,7 +455,10 @@ class TokenRecorder:
                 if update is not None and update.transitions:  # the state entered is news: say it now
                     attrs.update(_budget_attributes(update))
                     _budget_events(span, update)
-                span.set_attributes(attrs)
+                if hold is not None:
+                    hold.update(attrs)
+                else:
+                    span.set_attributes(attrs)
         except Exception:
             self._fault("span")
         label = self._server(meta, server)
@@ -597,6 +621,7 @@ class TokenRecorder:
         duration_s: float | None = None,
         server: str | None = None,
         arguments: Mapping[str, Any] | None = None,
+        held: dict[str, Any] | None = None,
     ) -> Measurement | None:
         """Measure a response: ``result`` (wire dict or model) or ``error`` (MCPError/ErrorData/dict).
 
@@ -605,9 +630,10 @@ class TokenRecorder:
         own name where the adapter knows it. Nothing is recorded inside a suppression context.
         With the guards on, a successful result also goes through them (counted, budgeted as delivered):
         adapters that deliver the guarded result call :meth:`record_guarded_output` instead.
+        ``held``: the request's attributes held by :meth:`record_input`; set with the response's, then cleared.
         """
         return self._output(span, side, method, tool_name, result, error, session_id, started, duration_s, server,
-                            arguments)[0]
+                            arguments, held)[0]
 
     def record_guarded_output(
         self,
@@ -622,6 +648,7 @@ class TokenRecorder:
         started: float | None = None,
         duration_s: float | None = None,
         server: str | None = None,
+        held: dict[str, Any] | None = None,
     ) -> tuple[Measurement | None, Any]:
         """:meth:`record_output` for a successful result (a wire dict) that returns (measurement, the result to
         deliver). The result to deliver ``is result`` when no guard changed it, and on any fault.
@@ -630,7 +657,7 @@ class TokenRecorder:
         stands), add what enters the context (the guarded result's tokens) to the budget, then spans and
         metrics (cost on the span and the cost counter)."""
         return self._output(span, side, method, tool_name, result, None, session_id, started, duration_s, server,
-                            arguments)
+                            arguments, held)
 
     def _output(
         self,
@@ -645,8 +672,9 @@ class TokenRecorder:
         duration_s: float | None,
         server: str | None,
         arguments: Mapping[str, Any] | None,
+        held: dict[str, Any] | None = None,
     ) -> tuple[Measurement | None, Any]:
-        if not is_instrumentation_enabled():
+        if not _enabled():
             return None, result
         if duration_s is None and started is not None:
             duration_s = max(0.0, time.perf_counter() - started)
@@ -681,7 +709,7 @@ class TokenRecorder:
         call = CallInfo(measurement.error_type, duration_s)
         try:
             if span is not None and span.is_recording():
-                self._output_on_span(span, measurement, result, update, definitions, error, cost)
+                self._output_on_span(span, measurement, result, update, definitions, error, cost, held)
                 if duration_s is not None:  # the conventions' metric attributes the span already carries
                     span_attrs = getattr(span, "attributes", None)
                     if isinstance(span_attrs, Mapping):
@@ -862,14 +890,15 @@ class TokenRecorder:
         definitions: tuple[int, dict[str, int]] | None = None,
         error: Any = None,
         cost: float | None = None,
+        held: dict[str, Any] | None = None,
     ) -> None:
-        attrs: dict[str, Any] = {
-            A_OUTPUT_TOKENS: m.total_tokens,
-            A_OVERHEAD_TOKENS: m.overhead_tokens,
-            A_OVERHEAD_RATIO: m.overhead_ratio,
-            A_RISK_TIER: m.risk_tier,
-            A_ESTIMATOR: self.policy.estimator_name,
-        }
+        # The request's held attributes first: the response's (session totals included) are newer.
+        attrs: dict[str, Any] = held if held is not None else {}
+        attrs[A_OUTPUT_TOKENS] = m.total_tokens
+        attrs[A_OVERHEAD_TOKENS] = m.overhead_tokens
+        attrs[A_OVERHEAD_RATIO] = m.overhead_ratio
+        attrs[A_RISK_TIER] = m.risk_tier
+        attrs[A_ESTIMATOR] = self.policy.estimator_name
         if update is not None:  # _budget_attributes, inlined: one dict per response, not two
             attrs[A_SESSION_TOKENS] = update.tokens
             attrs[A_SESSION_UTILIZATION] = update.utilization
@@ -886,6 +915,8 @@ class TokenRecorder:
             content = result.get("content", result) if isinstance(result, Mapping) else result
             attrs[A_RESULT] = _truncate(content, self._max_chars)
         span.set_attributes(attrs)
+        if held:
+            held.clear()  # on the span now: the adapter has nothing left to set
         if m.error_type is not None and _status_unset(span):
             span.set_status(StatusCode.ERROR, _status_description(m, result, error))
         if m.risk_tier in BREACH_TIERS:
@@ -915,13 +946,39 @@ class TokenRecorder:
         except Exception:
             self._fault("metrics")
             return
-        with_server = (server,)
-        self._emit("record_message", side, method_label, tool_label, direction, m, server=with_server)
-        if direction == "output":
-            if m.risk_tier in BREACH_TIERS:
-                self._emit("record_breach", side, method_label, tool_label, m.risk_tier, server=with_server)
-            if call is not None and (call.error_type is not None or call.duration is not None):
-                self._emit_rich("record_call", side, method_label, tool_label, server, call)
-        if update is not None:
-            for state in update.transitions:
-                self._emit("record_transition", side, state, server=with_server)
+        # One pass over the sinks per message (a response's message, breach, call and transition points);
+        # each sink still gets its calls in the order it always did.
+        output = direction == "output"
+        breach = output and m.risk_tier in BREACH_TIERS
+        timed = output and call is not None and (call.error_type is not None or call.duration is not None)
+        transitions = update.transitions if update is not None else ()
+        for sink in self.sinks:
+            aware = getattr(sink, "server_aware", False) is True
+            try:
+                if aware:
+                    sink.record_message(side, method_label, tool_label, direction, m, server)
+                else:
+                    sink.record_message(side, method_label, tool_label, direction, m)
+            except Exception:
+                self._fault("metrics")
+            if breach:
+                try:
+                    if aware:
+                        sink.record_breach(side, method_label, tool_label, m.risk_tier, server)
+                    else:
+                        sink.record_breach(side, method_label, tool_label, m.risk_tier)
+                except Exception:
+                    self._fault("metrics")
+            if timed and aware:
+                try:
+                    sink.record_call(side, method_label, tool_label, server, call)
+                except Exception:
+                    self._fault("metrics")
+            for state in transitions:
+                try:
+                    if aware:
+                        sink.record_transition(side, state, server)
+                    else:
+                        sink.record_transition(side, state)
+                except Exception:
+                    self._fault("metrics")

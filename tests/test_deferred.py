@@ -134,3 +134,50 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars() -> Non
         assert points["mcp_token.instrumentation.dropped"][0].value == 0
     finally:
         recorder.close()
+
+
+def test_time_bounded_slices_replay_everything_in_order() -> None:
+    # A zero-length slice replays one call per slice, with a pause between slices: the flush still ends, with
+    # every call replayed once and in order.
+    inner = Recording()
+    sink = DeferredSink(inner, interval=3600, slice_seconds=0.0, pause=0.0001)
+    try:
+        for i in range(50):
+            sink.record_error(f"stage{i}")
+        sink.flush()
+        assert [c[1][0] for c in inner.calls] == [f"stage{i}" for i in range(50)]
+    finally:
+        sink.close()
+
+
+def test_a_flush_ends_while_producers_keep_adding() -> None:
+    import threading
+
+    inner = Recording()
+    sink = DeferredSink(inner, interval=3600, slice_seconds=0.0, pause=0.0001)
+    stop = threading.Event()
+    produced = [0]
+
+    def produce() -> None:
+        for i in range(20_000):  # bounded even if the flush hung
+            if stop.is_set():
+                return
+            sink.record_error(f"p{i}")
+            produced[0] += 1
+
+    for i in range(100):
+        sink.record_error(f"q{i}")
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        sink.flush()  # replays what was queued when it began (at least the 100), then returns
+        replayed = [c[1][0] for c in inner.calls]
+        assert replayed[:100] == [f"q{i}" for i in range(100)]
+    finally:
+        stop.set()
+        producer.join(timeout=10)
+        sink.close()
+    # close() replayed the rest: every call was replayed exactly once, in order, or counted as dropped.
+    produced_numbers = [int(c[1][0][1:]) for c in inner.calls if c[1][0].startswith("p")]
+    assert produced_numbers == sorted(set(produced_numbers))
+    assert len(produced_numbers) + sink.dropped == produced[0]

@@ -285,21 +285,24 @@ def _error_data(exc: Exception) -> Any:
 
 
 
-def _transport_kind(ctx: Any) -> str | None:
+def _request_inner(ctx: Any) -> tuple[Any, Any]:
+    """(the session's request outbound, the 2026 wrapper's inner context or None); read once per request."""
     outbound = getattr(ctx.session, "_request_outbound", None)
+    return outbound, getattr(outbound, "_inner", None)
+
+
+def _transport_kind(outbound: Any, inner: Any) -> str | None:
     # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
-    transport = getattr(getattr(outbound, "_inner", outbound), "transport", None)
+    transport = getattr(inner if inner is not None else outbound, "transport", None)
     return getattr(transport, "kind", None)
 
 
-def _per_client_anchor(ctx: Any, connection: Any) -> Any:
+def _per_client_anchor(connection: Any, inner: Any) -> Any:
     """What stays the same across the requests of one client when every request has its own Connection
     (2026-07-28 protocol), else None (a handshake-era Connection is itself the session)."""
     outbound = getattr(connection, "outbound", None)
     if type(outbound).__name__ == "NotifyOnlyOutbound":  # modern protocol over one stream (stdio, memory)
         return outbound
-    request_outbound = getattr(ctx.session, "_request_outbound", None)
-    inner = getattr(request_outbound, "_inner", None)
     if type(inner).__name__ == "_DirectDispatchContext":  # in-process auto mode: one transport per pair
         return getattr(inner, "transport", None)
     return None
@@ -363,7 +366,9 @@ class TokenMiddleware:
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
                 rec._fault("guard")
-        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server)
+        # The request's span attributes are held and set with the response's: one set_attributes per call.
+        held: dict[str, Any] = {}
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server, hold=held)
         tool = called_tool(method, params)
         tokens = _activate(own)
         # What the requests this handler sends (sampling, elicitation) are measured with (see server_send).
@@ -373,13 +378,13 @@ class TokenMiddleware:
             if refusal is not None:  # answered by the guard: the handler is not called
                 refusal = _envelope(refusal, ctx.protocol_version)
                 rec.record_output(span, "server", method, tool, result=refusal, session_id=session_key,
-                                  started=started, server=server)
+                                  started=started, server=server, held=held)
                 return refusal
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
                 rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
-                                  started=started, server=server)
+                                  started=started, server=server, held=held)
                 raise
             except Exception as exc:
                 if own is not None:
@@ -387,7 +392,7 @@ class TokenMiddleware:
                 if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
                     error = _error_data(exc)
                     rec.record_output(span, "server", method, tool, error=error, session_id=session_key,
-                                      started=started, server=server)
+                                      started=started, server=server, held=held)
                 raise
             if ctx.request_id is not None:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
@@ -397,11 +402,11 @@ class TokenMiddleware:
                     return result
                 if not guarded:
                     rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
-                                      started=started, server=server)
+                                      started=started, server=server, held=held)
                     return result
                 _, out = rec.record_guarded_output(
                     span, "server", method, tool, wire, session_key, started=started, server=server,
-                    arguments=params.get("arguments") if tool is not None else None,
+                    arguments=params.get("arguments") if tool is not None else None, held=held,
                 )
                 try:
                     return deliver(result, wire, out)
@@ -416,6 +421,8 @@ class TokenMiddleware:
                 _SERVER_CALL.reset(server_call)
             except ValueError:
                 pass
+            if held:  # no response recorded (a notification, a cancelled call, a fault): the request's own
+                rec.set_attributes(span, held)
             if tokens[0] is not None or tokens[1] is not None:
                 _deactivate(tokens)
             if own is not None:
@@ -771,9 +778,12 @@ class V2Shim:
                 self._connection_keys[connection] = session_id
                 self._on_connection_end(connection, session_id)
             return session_id, session_id
-        if connection is None or _transport_kind(ctx) == "streamable-http":
+        if connection is None:
+            return None, None
+        outbound, inner = _request_inner(ctx)
+        if _transport_kind(outbound, inner) == "streamable-http":
             return None, None  # stateless HTTP: nothing identifies the client across requests
-        anchor = _per_client_anchor(ctx, connection)
+        anchor = _per_client_anchor(connection, inner)
         if anchor is not None:
             return None, self._anchor_key(anchor)
         key = self._connection_keys.get(connection)

@@ -74,10 +74,14 @@ class SessionBudget:
 
     def record(self, tokens: int) -> BudgetUpdate:
         """Add one call's tokens (negative values are ignored) and report any state it entered."""
-        self.tokens += max(0, int(tokens))
+        if tokens.__class__ is not int:  # estimates are ints: int() and max() only for anything else
+            tokens = max(0, int(tokens))
+        if tokens > 0:
+            self.tokens += tokens
         self.calls += 1
-        if self.tokens < self._warn_at or self.state == "exhausted":  # nothing to enter: no lists built
-            return BudgetUpdate(self.tokens, self.tokens / self.context_window, self.state)
+        total = self.tokens
+        if total < self._warn_at or self.state == "exhausted":  # nothing to enter: no lists built
+            return BudgetUpdate(total, total / self.context_window, self.state)
         entered: list[BudgetState] = []
         if self.state == "ok" and self.tokens >= self._warn_at:
             self.state = "warning"
@@ -139,7 +143,8 @@ class SessionRegistry:
         if now - self._last_expiry >= _EXPIRY_INTERVAL:  # idle expiry needs no finer grain than a second
             self._last_expiry = now
             self.expire(now)
-        budget = self._sessions.get(session_id)
+        sessions = self._sessions
+        budget = sessions.get(session_id)
         if budget is None:
             budget = SessionBudget(*self._ratios)
             self._sessions[session_id] = budget
@@ -148,7 +153,7 @@ class SessionRegistry:
                 old_id, old = self._sessions.popitem(last=False)
                 self._ended(old_id, old, "evicted")
         else:
-            self._sessions.move_to_end(session_id)
+            sessions.move_to_end(session_id)
         budget.last_seen = now
         before = budget.state
         update = budget.record(tokens)
