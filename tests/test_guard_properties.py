@@ -150,7 +150,10 @@ WIDE_OR_DEEP = st.one_of(
     st.integers(100, 3000).map(lambda n: {f"k{i}": i if i % 3 else f"v{i}" for i in range(n)}),
     st.integers(100, 3000).map(lambda n: [[i] for i in range(n)]),
 )
-JSON_BLOCK = st.tuples(st.one_of(WIDE_OR_DEEP, JSON_VALUE), st.booleans()).map(
+# Objects and arrays: a text block that is a JSON scalar ('"aa"') is prose to the cut, as documented
+# (docs/guardrails.md: "a text block that is a JSON object or array is cut as JSON").
+JSON_CONTAINER = JSON_VALUE.filter(lambda v: isinstance(v, (list, dict)))
+JSON_BLOCK = st.tuples(st.one_of(WIDE_OR_DEEP, JSON_CONTAINER), st.booleans()).map(
     lambda v: {"type": "text", "text": json.dumps(v[0], indent=2 if v[1] else None, ensure_ascii=False)})
 
 
