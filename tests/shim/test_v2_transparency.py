@@ -121,7 +121,10 @@ def test_requests_a_server_sends_are_measured(transport: str, provider: str) -> 
     run = scenario(provider, "on", transport)
     for method in ("sampling/createMessage", "elicitation/create"):
         points = [p for p in run["points"] if p["mcp.method.name"] == method]
-        sides = {(p["mcp_token.side"], p["mcp_token.direction"]) for p in points}
+        assert {(p["mcp_token.side"], p["mcp_token.direction"]) for p in points} == {
+            ("server", "output"), ("client", "output")}  # requests have no histogram by default
+        sums = [p for p in run["sums"] if p["mcp.method.name"] == method and p["value"] > 0]
+        sides = {(p["mcp_token.side"], p["mcp_token.direction"]) for p in sums}
         assert sides == {("server", "input"), ("server", "output"), ("client", "input"), ("client", "output")}
         name = f"MCP send {method}" if provider == "global" else method
         (sent,) = spans(run, provider, name, "CLIENT")

@@ -165,7 +165,8 @@ def span_rows(exporter: InMemorySpanExporter) -> list[dict[str, Any]]:
     ]
 
 
-points: list[dict[str, Any]] = []
+points: list[dict[str, Any]] = []  # the token histogram (responses; requests with metrics.input_histograms)
+sums: list[dict[str, Any]] = []  # the token counter (every message)
 if recorder is not None:
     recorder.flush()
     data = reader.get_metrics_data()
@@ -174,4 +175,7 @@ if recorder is not None:
             for metric in sm.metrics:
                 if metric.name == "mcp_token.message.tokens":
                     points += [{**dict(p.attributes), "count": p.count} for p in metric.data.data_points]
-print(json.dumps({"seen": seen, "spans": {k: span_rows(v) for k, v in exporters.items()}, "points": points}))
+                if metric.name == "mcp_token.tokens":
+                    sums += [{**dict(p.attributes), "value": p.value} for p in metric.data.data_points]
+report = {"seen": seen, "spans": {k: span_rows(v) for k, v in exporters.items()}, "points": points, "sums": sums}
+print(json.dumps(report))
