@@ -79,17 +79,9 @@ def scrape(url: str, accept: str | None = None, auth: tuple[str, str] | None = N
         return err.code, err.headers.get("Content-Type", ""), err.read().decode()
 
 
-def samples(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+def samples(body: str, openmetrics: bool = False) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
-
-
-def openmetrics_samples(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in openmetrics_families(body):
+    for family in (openmetrics_families if openmetrics else text_string_to_metric_families)(body):
         for sample in family.samples:
             out.setdefault(sample.name, []).append((sample.labels, sample.value))
     return out
@@ -192,7 +184,7 @@ def test_input_histograms_are_served_only_when_asked(accept: str | None) -> None
             body = scrape(server.url, accept=accept)[2]
         finally:
             server.close()
-        found = openmetrics_samples(body) if accept else samples(body)
+        found = samples(body, openmetrics=accept is not None)
         counts = {lbl["direction"] for lbl, _ in found["mcp_token_message_tokens_count"]}
         assert counts == ({"input", "output"} if enabled else {"output"})
         assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == int(enabled)
