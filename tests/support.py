@@ -20,8 +20,8 @@ from mcp_token_otel.config import Config, config_from_dict
 
 
 def make_config(**overrides: Any) -> Config:
-    """A transparent estimator (chars/4) so token counts are predictable. Metric points are deferred as
-    by default: reading the metrics (a collection) drains the queue first."""
+    """A transparent estimator (chars/4) so token counts are predictable. Metric points are recorded in the
+    call, as by default (with ``metrics.defer_otel: true``, reading the metrics drains the queue first)."""
     return config_from_dict({"estimator": "chars/4", **overrides})
 
 

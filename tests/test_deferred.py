@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -113,10 +114,12 @@ def test_the_background_thread_drains_without_help() -> None:
         sink.close()
 
 
-def test_real_sdk_collection_includes_queued_points_and_their_exemplars() -> None:
+@pytest.mark.parametrize("defer", [True, False])
+def test_real_sdk_collection_includes_queued_points_and_their_exemplars(defer: bool) -> None:
+    """Deferred or inline (the default), a breach's points keep its trace as an exemplar and other points
+    carry none (the SDK's trace-based filter would offer every point recorded inside a sampled span)."""
     reader = InMemoryMetricReader()
-    config = config_from_dict({"estimator": "chars/4"})  # defer_otel defaults to true
-    assert config.metrics.defer_otel
+    config = config_from_dict({"estimator": "chars/4", "metrics": {"defer_otel": defer}})
     recorder = TokenRecorder(config, TracerProvider(), MeterProvider(metric_readers=[reader]))
     try:
         tracer = TracerProvider().get_tracer("t")
@@ -124,13 +127,20 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars() -> Non
             recorder.record_output(span, "server", "tools/call", "big",
                                    result={"content": [{"type": "text", "text": "x" * 40_000}]}, session_id="s")
             trace_id = span.get_span_context().trace_id
+        with tracer.start_as_current_span("tools/call small") as span:
+            recorder.record_output(span, "server", "tools/call", "small", started=0.0,
+                                   result={"content": [{"type": "text", "text": "ok"}]}, session_id="s")
         # No explicit flush: collecting runs the drain callback before reading the histograms.
         data = reader.get_metrics_data()
         points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
                   for m in sm.metrics}
-        (point,) = points["mcp_token.message.tokens"]
-        assert point.count == 1 and point.sum >= 10_000
-        assert any(e.trace_id == trace_id for e in point.exemplars)  # a critical response: its trace is kept
+        by_tool = {p.attributes["gen_ai.tool.name"]: p for p in points["mcp_token.message.tokens"]}
+        assert by_tool["big"].count == 1 and by_tool["big"].sum >= 10_000
+        assert any(e.trace_id == trace_id for e in by_tool["big"].exemplars)  # a critical response: trace kept
+        assert by_tool["small"].count == 1 and not by_tool["small"].exemplars  # a low one: no exemplar offered
+        for name in ("mcp_token.overhead.ratio", "mcp.server.operation.duration"):
+            small = [p for p in points[name] if p.attributes.get("gen_ai.tool.name") == "small"]
+            assert small and not any(p.exemplars for p in small), name
         assert points["mcp_token.instrumentation.dropped"][0].value == 0
     finally:
         recorder.close()

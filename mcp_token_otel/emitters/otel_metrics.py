@@ -8,9 +8,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from opentelemetry import metrics
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
 
 from ..core.measure import Measurement
+from ..core.risk import BREACH_TIERS
 from .aggregate import CountFamily
 from .semconv import (
     A_ERROR_TYPE,
@@ -39,6 +41,12 @@ from .semconv import (
     TOKEN_BUCKETS,
     UTILIZATION_BUCKETS,
 )
+
+#: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
+#: trace-based filter samples points recorded inside a sampled span): exemplars only where they help, on the
+#: breaches, whose bucket then links to the trace that caused it. An offer costs about 2.5 µs a point.
+#: Not empty: the SDK reads an empty context as "none given" and takes the current one.
+_NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())
 
 
 class MetricsSink(Protocol):
@@ -327,13 +335,14 @@ class OtelMetricsSink:
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
     ) -> None:
         attrs = self._message_attrs(side, method, tool, direction, server)
+        context = None if measurement.risk_tier in BREACH_TIERS else _NO_SPAN  # None: the caller's, its span
         if direction == "output" or self._input_histograms:
-            self._tokens.record(measurement.total_tokens, attrs)
+            self._tokens.record(measurement.total_tokens, attrs, context)
         key = tuple(attrs.items())
         self._token_sums.add(key, measurement.total_tokens)
         self._byte_sums.add(key, measurement.bytes)
         if direction == "output":
-            self._overhead.record(measurement.overhead_ratio, attrs)
+            self._overhead.record(measurement.overhead_ratio, attrs, context)
             tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier), *_server(server))
             self._response_counts.add(tier + (((A_TOOL, tool),) if tool is not None else ()))
 
@@ -347,14 +356,14 @@ class OtelMetricsSink:
     def record_session_end(
         self, side: str, utilization: float, server: str = "", call: CallInfo | None = None
     ) -> None:
-        self._utilization.record(utilization, {M_SIDE: side, **dict(_server(server))})
+        self._utilization.record(utilization, {M_SIDE: side, **dict(_server(server))}, _NO_SPAN)
         if call is not None and call.duration is not None:
             attrs = dict(_server(server))
             if call.transport:
                 attrs[A_TRANSPORT] = call.transport
             if call.protocol:
                 attrs[A_PROTOCOL] = call.protocol
-            self._session["server" if side == "server" else "client"].record(call.duration, attrs)
+            self._session["server" if side == "server" else "client"].record(call.duration, attrs, _NO_SPAN)
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         """One response: its error (pre-aggregated) and, when the call was timed, the conventions' duration."""
@@ -379,7 +388,7 @@ class OtelMetricsSink:
             if call.protocol:
                 attrs[A_PROTOCOL] = call.protocol
             self._call_attrs[key] = attrs
-        self._operation["server" if side == "server" else "client"].record(call.duration, attrs)
+        self._operation["server" if side == "server" else "client"].record(call.duration, attrs, _NO_SPAN)
 
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
         self._definitions[server] = total
