@@ -3,12 +3,12 @@
 Arms, interleaved in time-based blocks (long enough to include every background metric flush):
     sdk   a global SDK TracerProvider (BatchSpanProcessor to a discarding exporter) and MeterProvider
           (periodic reader every 0.5 s), no shim: what an application with OpenTelemetry already pays;
-    shim  the same providers plus instrument() (defaults: OTel metrics deferred, no /metrics server), or
+    shim  the same providers plus instrument() (defaults: OTel metrics in the call, no /metrics server), or
     both  with ``--prometheus``, the Prometheus sink as well (no server; the families are fed);
     floor no shim: a middleware that only emits what the shim emits, through the same SDK calls, from a
-          precomputed measurement (one set_attributes of the shim's span attributes, the same metric calls
-          deferred the same way, ``--no-floor`` leaves it out): the part of the shim's cost that is the
-          OpenTelemetry SDK's own price for these signals, which no measuring code can go below;
+          precomputed measurement (one set_attributes of the shim's span attributes, the same metric calls on
+          the same sink, in the call as by default; ``--no-floor`` leaves it out): the part of the shim's cost
+          that is the OpenTelemetry SDK's own price for these signals, which no measuring code can go below;
     guard the shim with every guard policy on in observe mode and a model for the cost (``--no-guard`` leaves
           this arm out): response cap 8,000, session hard limit and warning note, annotation, rate limit,
           chain depth, padding checks. The payload repeats one sentence, so the padding checks report it
@@ -16,14 +16,16 @@ Arms, interleaved in time-based blocks (long enough to include every background 
 
 In-process cells: ``Client(server)`` in mode auto (direct dispatcher) or legacy (JSON-RPC over memory
 streams), a tool returning 2 KB or 200 KB of text, the shim on the server side only (the client session's
-proxy is unwrapped). Per call: median, mean and p99 latency; the shim arm's mean includes the time
-uninstrument() spends replaying what was still queued at the end of each block.
+proxy is unwrapped). Per call: median, mean and p99 latency; an arm's mean includes the time
+uninstrument() spends replaying what was still queued at the end of each block (``--deferred`` adds an
+arm with ``metrics.defer_otel: true``: the OTel points replayed by a background thread).
 
 Streamable HTTP cell (``--http``): two server subprocesses (uvicorn), one with the shim; the client
 alternates blocks between them; the figure is the server process's CPU time (user + system, from
 /proc) per call.
 
     python benchmarks/shim_overhead.py [--seconds 2] [--rounds 10] [--http] [--markdown] [--no-guard] [--no-floor]
+        [--deferred]
     python benchmarks/shim_overhead.py --http --modes ""    # the streamable HTTP cell alone
 """
 
@@ -101,10 +103,9 @@ class FloorMiddleware:
 
     def __init__(self) -> None:
         from mcp_token_otel.core.measure import Measurement
-        from mcp_token_otel.emitters.deferred import DeferredSink
         from mcp_token_otel.emitters.otel_metrics import OtelMetricsSink
 
-        self.sink = DeferredSink(OtelMetricsSink(metrics.get_meter_provider(), server="bench"))
+        self.sink = OtelMetricsSink(metrics.get_meter_provider(), server="bench")
         self._input = Measurement("input", "tools/call", "fetch", (), 2, 2, 0, 0.0, "low")  # type: ignore[arg-type]
         self._output = Measurement(
             "output", "tools/call", "fetch", (), 767, 364, 403, 0.525, "low"  # type: ignore[arg-type]
@@ -191,8 +192,6 @@ def run_cell(
                 arms[arm].extend(anyio.run(timed_block, mode, payload, seconds, floor))
             finally:
                 start = time.perf_counter_ns()
-                if floor is not None:
-                    floor.sink.close()  # its replay still queued, as uninstrument() for the shim
                 uninstrument()
                 tail_us[arm] += (time.perf_counter_ns() - start) / 1000
     out: dict[str, Any] = {"calls": min(len(v) for v in arms.values())}
@@ -284,6 +283,7 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--no-guard", action="store_true", help="leave out the guard arm")
     parser.add_argument("--no-floor", action="store_true", help="leave out the floor arm")
+    parser.add_argument("--deferred", action="store_true", help="add the shim with metrics.defer_otel: true")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--shim", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=2048, help=argparse.SUPPRESS)
@@ -298,12 +298,15 @@ def main() -> None:
     configs: dict[str, Any] = {"sdk": None, "shim": config_from_dict({"prometheus": {"enabled": False}})}
     if not args.no_floor:
         configs["floor"] = FLOOR
+    if args.deferred:
+        configs["deferred"] = config_from_dict({"prometheus": {"enabled": False}, "metrics": {"defer_otel": True}})
     if not args.no_guard:
         configs["guard"] = config_from_dict({"prometheus": {"enabled": False}, "guard": GUARD})
     header = ("mode", "result", "sdk med µs", "shim med µs", "added med", "sdk mean", "shim mean", "added mean",
               "sdk p99", "shim p99", "p99 ratio", "calls/arm")
-    if "floor" in configs:
-        header += ("floor med µs", "floor added med", "floor mean", "floor added mean", "floor p99")
+    for arm in ("floor", "deferred"):
+        if arm in configs:
+            header += (f"{arm} med µs", f"{arm} added med", f"{arm} mean", f"{arm} added mean", f"{arm} p99 ratio")
     if "guard" in configs:
         header += ("guard med µs", "guard vs shim med", "guard mean", "guard vs shim mean", "guard p99")
     rows = []
@@ -314,10 +317,11 @@ def main() -> None:
             row = (mode, label, f"{bm:.0f}", f"{sm:.0f}", f"{(sm / bm - 1) * 100:+.1f}%", f"{ba:.0f}",
                    f"{sa:.0f}", f"{(sa / ba - 1) * 100:+.1f}%", f"{bp:.0f}", f"{sp:.0f}", f"{sp / bp:.2f}x",
                    f"{r['calls']:,}")
-            if "floor" in r:
-                fm, fa, fp = r["floor"]
-                row += (f"{fm:.0f}", f"{(fm / bm - 1) * 100:+.1f}%", f"{fa:.0f}", f"{(fa / ba - 1) * 100:+.1f}%",
-                        f"{fp:.0f}")
+            for arm in ("floor", "deferred"):
+                if arm in r:
+                    am, aa, ap = r[arm]
+                    row += (f"{am:.0f}", f"{(am / bm - 1) * 100:+.1f}%", f"{aa:.0f}", f"{(aa / ba - 1) * 100:+.1f}%",
+                            f"{ap / bp:.2f}x")
             if "guard" in r:
                 gm, ga, gp = r["guard"]
                 row += (f"{gm:.0f}", f"{gm - sm:+.0f} µs", f"{ga:.0f}", f"{ga - sa:+.0f} µs", f"{gp:.0f}")
