@@ -246,6 +246,8 @@ class TokenRecorder:
         self._budget_lock = threading.Lock()
         # Sessions ended under the lock, to report after it.
         self._ended: deque[tuple[str, float, _SessionMeta | None]] = deque()
+        # Sessions to end at the next safe point (end_session_soon: garbage-collection callbacks).
+        self._ending: deque[tuple[Side, str]] = deque()
         self.sessions: dict[str, SessionRegistry] = {
             side: SessionRegistry(
                 budget.context_window,
@@ -301,6 +303,7 @@ class TokenRecorder:
 
     def close(self) -> None:
         """Flush and stop background work (uninstrument calls this)."""
+        self._end_queued()
         for sink in self.sinks:
             close = getattr(sink, "close", None)
             if callable(close):
@@ -432,6 +435,8 @@ class TokenRecorder:
         """
         if not _enabled():
             return None
+        if self._ending:
+            self._end_queued()
         try:
             measurement = measure_request(method, params, self.policy)
         except Exception:
@@ -676,6 +681,8 @@ class TokenRecorder:
     ) -> tuple[Measurement | None, Any]:
         if not _enabled():
             return None, result
+        if self._ending:
+            self._end_queued()
         if duration_s is None and started is not None:
             duration_s = max(0.0, time.perf_counter() - started)
         try:
@@ -817,8 +824,25 @@ class TokenRecorder:
                 self._fault("guard")
         self._emit_ended()
 
+    def end_session_soon(self, side: Side, session_id: str) -> None:
+        """:meth:`end_session` for a garbage-collection callback. Such a callback runs inside whatever code
+        allocated, holding whatever lock it held (an aggregate's, the budget registry's: not reentrant), so
+        this only queues; the session ends at the next safe point (the next message recorded, a read of the
+        session states, close)."""
+        self._ending.append((side, session_id))
+
+    def _end_queued(self) -> None:
+        while self._ending:
+            try:
+                side, session_id = self._ending.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self.end_session(side, session_id)
+
     def states(self) -> dict[str, dict[str, int]]:
         """Live sessions per budget state, per side."""
+        if self._ending:
+            self._end_queued()
         with self._budget_lock:
             return {side: dict(reg.states()) for side, reg in self.sessions.items()}
 
@@ -827,6 +851,8 @@ class TokenRecorder:
         gauges show. Read at collection (one pass over the live sessions); a (side, server) seen once keeps
         its series at 0 when its sessions end. Sessions whose server is not known yet count under
         server_label()."""
+        if self._ending:
+            self._end_queued()
         with self._budget_lock:
             live = {side: reg.sessions() for side, reg in self.sessions.items()}
         default = self.server_label()

@@ -574,6 +574,7 @@ class V2Shim:
         self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         #: id(anchor) -> (weak reference to it, budget key): the 2026 protocol's per-client anchors.
         self._anchor_keys: dict[int, tuple[weakref.ref[Any], str]] = {}
+        self._anchor_sweep_at = 256
 
     # -------------------------------------------------------------- install / uninstall
 
@@ -799,7 +800,7 @@ class V2Shim:
         if exit_stack is not None:
             exit_stack.callback(self.recorder.end_session, "server", key)
         else:
-            weakref.finalize(connection, self.recorder.end_session, "server", key)
+            weakref.finalize(connection, self.recorder.end_session_soon, "server", key)
 
     def _anchor_key(self, anchor: Any) -> str:
         """One budget key per client anchor; the session ends when the anchor is collected (the client
@@ -812,15 +813,13 @@ class V2Shim:
             ref = weakref.ref(anchor)
         except TypeError:
             return key  # not weak-referenceable: cannot follow it; the idle timeout still bounds the budget
+        if len(self._anchor_keys) >= self._anchor_sweep_at:  # forget anchors gone since (ids are reused)
+            self._anchor_keys = {i: e for i, e in self._anchor_keys.items() if e[0]() is not None}
+            self._anchor_sweep_at = max(256, 2 * len(self._anchor_keys))
         self._anchor_keys[id(anchor)] = (ref, key)
-        weakref.finalize(anchor, self._anchor_gone, id(anchor), key)
+        # Runs when the anchor is collected, inside whatever code allocated then: it only queues the end.
+        weakref.finalize(anchor, self.recorder.end_session_soon, "server", key)
         return key
-
-    def _anchor_gone(self, anchor_id: int, key: str) -> None:
-        entry = self._anchor_keys.get(anchor_id)
-        if entry is not None and entry[1] == key:
-            del self._anchor_keys[anchor_id]
-        self.recorder.end_session("server", key)
 
     # -------------------------------------------------------------- client side
 
