@@ -114,3 +114,18 @@ def instrumented_session(otel: Otel) -> Iterator[Any]:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     yield recorder
     uninstrument()
+
+
+def assert_client_call_recorded_once(otel: Otel, tool: str, client_span: ReadableSpan) -> None:
+    """One client-side call to ``tool`` (both layers instrumented, nothing counted twice): its response once in
+    the token histogram, its request in the token counter with exactly the client span's input tokens
+    (requests have no histogram unless metrics.input_histograms)."""
+    metrics = otel.metrics()
+
+    def mine(point: Any) -> bool:
+        return point.attributes.get("gen_ai.tool.name") == tool and point.attributes["mcp_token.side"] == "client"
+
+    points = [p for p in metrics["mcp_token.message.tokens"] if mine(p)]
+    assert [(p.attributes["mcp_token.direction"], p.count) for p in points] == [("output", 1)]
+    sums = [p.value for p in metrics["mcp_token.tokens"] if mine(p) and p.attributes["mcp_token.direction"] == "input"]
+    assert sums == [client_span.attributes["mcp_token.input_tokens"]]

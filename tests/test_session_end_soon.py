@@ -53,7 +53,7 @@ def test_ending_soon_under_the_aggregate_lock_returns_and_ends_at_the_next_safe_
 
 
 def test_the_next_message_and_close_end_what_is_queued() -> None:
-    recorder, sink = make()
+    recorder, _ = make()
     recorder.end_session_soon("server", "s1")
     recorder.record_input(None, "server", "tools/list", {}, "s2")  # the next message: a safe point
     with recorder._budget_lock:

@@ -14,6 +14,7 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
+from ..support import assert_client_call_recorded_once
 from .conftest import Otel, named
 
 MODES = ("auto", "legacy")
@@ -301,22 +302,7 @@ def test_double_instrument_one_set(otel: Otel) -> None:
         uninstrument()
     (client,) = by_name(otel.spans(), "tools/call big", SpanKind.CLIENT)
     assert len([e for e in client.events]) == 0
-    points = [
-        p
-        for p in otel.metrics()["mcp_token.message.tokens"]
-        if p.attributes.get("gen_ai.tool.name") == "big" and p.attributes["mcp_token.side"] == "client"
-    ]
-    assert [p.attributes["mcp_token.direction"] for p in points] == ["output"]  # requests: counter only
-    assert all(p.count == 1 for p in points)
-    # the request counted once: the counter holds exactly the client span's input tokens
-    span = client
-    sums = [
-        p.value
-        for p in otel.metrics()["mcp_token.tokens"]
-        if p.attributes.get("gen_ai.tool.name") == "big" and p.attributes["mcp_token.side"] == "client"
-        and p.attributes["mcp_token.direction"] == "input"
-    ]
-    assert sums == [span.attributes["mcp_token.input_tokens"]]
+    assert_client_call_recorded_once(otel, "big", client)
 
 
 def test_a_handler_crash_is_measured_as_the_error_the_client_receives(otel: Otel, instrumented: Any) -> None:
