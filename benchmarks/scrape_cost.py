@@ -16,6 +16,7 @@ bytes, the first exposition (its per-series caches cold), and how long expositio
 from __future__ import annotations
 
 import argparse
+import gzip
 import statistics
 import threading
 import time
@@ -142,7 +143,8 @@ def main() -> None:
     print(f"tools={args.tools} sides={','.join(sides)} created_series={args.created} "
           f"input_histograms={args.input_histograms}")
     lines = body.count(b"\n")
-    print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,}")
+    print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,} "
+          f"gzip={len(gzip.compress(body, compresslevel=1)):,} (as the /metrics server sends it)")
     print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB" for name, size in families(body)[:6]))
     print(f"exposition() gives generate_latest's bytes: {fast == body}")
     for label, times in timings.items():
