@@ -318,34 +318,21 @@ def test_scrapes_while_others_are_connected_share_a_recent_rendering() -> None:
         server.close()
 
 
-def test_a_rendering_past_its_max_age_is_not_reused() -> None:
+@pytest.mark.parametrize(("max_age", "pause", "scrapes"), [(0.05, 0.1, 3), (0, 0.0, 10)])
+def test_a_rendering_too_old_to_share_is_not_reused(max_age: float, pause: float, scrapes: int) -> None:
+    """Past its max age (0.05 s, each scrape 0.1 s after the last), or with a max age of 0 (only a rendering
+    in progress is shared), every scrape renders afresh while another client stays connected."""
     reg = CollectorRegistry()
     counter = Counter("fresh", "freshness", registry=reg)
-    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0.05)
+    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=max_age)
     other = drip_client(server)
     try:
         wait_for(lambda: server.open_connections == 1, "the other client to be connected")
-        for i in range(1, 4):
+        for i in range(1, scrapes + 1):
             counter.inc()
-            time.sleep(0.1)  # past the 50 ms max age: the previous rendering is too old to share
+            time.sleep(pause)
             assert _fresh_value(server.url) == float(i)
-        assert server.renders == 3
-    finally:
-        other.close()
-        server.close()
-
-
-def test_max_age_zero_shares_only_renderings_in_progress() -> None:
-    reg = CollectorRegistry()
-    counter = Counter("fresh", "freshness", registry=reg)
-    server = MetricsServer.start("127.0.0.1", 0, reg, render_max_age=0)
-    other = drip_client(server)
-    try:
-        wait_for(lambda: server.open_connections == 1, "the other client to be connected")
-        for i in range(1, 11):
-            counter.inc()
-            assert _fresh_value(server.url) == float(i)
-        assert server.renders == 10
+        assert server.renders == scrapes
     finally:
         other.close()
         server.close()
