@@ -36,7 +36,7 @@ from .core.measure import Measurement, Policy, measure_error, measure_request, m
 from .core.risk import BREACH_TIERS
 from .emitters.deferred import DeferredSink
 from .emitters.otel_metrics import CallInfo, MetricsSink, OtelMetricsSink
-from .emitters.semconv import (
+from .semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
     A_COST_USD,
@@ -287,10 +287,10 @@ class TokenRecorder:
                 input_histograms=self.config.metrics.input_histograms,
             )
             if self.config.metrics.defer_otel:  # the OTel SDK's per-point cost stays off the call path
-                otel_sink = DeferredSink(otel_sink, on_error=self._fault)
+                otel_sink = DeferredSink(otel_sink, on_error=self.fault)
             self.add_sink(otel_sink)
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
 
     # ------------------------------------------------------------------ sinks and faults
 
@@ -310,7 +310,7 @@ class TokenRecorder:
                 try:
                     close()
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")
 
     def add_sink(self, sink: MetricsSink) -> None:
         """Send metrics to another sink too.
@@ -320,10 +320,10 @@ class TokenRecorder:
         thread, so a sink that blocks or is slow never holds up a call (``flush()`` replays now).
         """
         if getattr(sink, "server_aware", False) is not True and not isinstance(sink, DeferredSink):
-            sink = DeferredSink(sink, on_error=self._fault)
+            sink = DeferredSink(sink, on_error=self.fault)
         self.sinks.append(sink)
 
-    def _fault(self, stage: str) -> None:
+    def fault(self, stage: str) -> None:
         """Count and log an instrumentation fault; never raises. A fault has no session to name its server:
         the built-in sinks get the server_label() (without calling it: its own faults come here)."""
         self.error_counts[stage] += 1
@@ -352,7 +352,7 @@ class TokenRecorder:
                 else:
                     getattr(sink, name)(*args)
             except Exception:
-                self._fault("metrics")
+                self.fault("metrics")
 
     def _emit_rich(self, name: str, *args: Any) -> None:
         """A call only the built-in sinks know (calls, tool definitions)."""
@@ -361,7 +361,7 @@ class TokenRecorder:
                 try:
                     getattr(sink, name)(*args)
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")
 
     # ------------------------------------------------------------------ spans
 
@@ -382,7 +382,7 @@ class TokenRecorder:
                 set_status_on_exception=False,
             )
         except Exception:
-            self._fault("span")
+            self.fault("span")
             return None
 
     def end_span(self, span: Span | None) -> None:
@@ -391,14 +391,14 @@ class TokenRecorder:
         try:
             span.end()
         except Exception:
-            self._fault("span")
+            self.fault("span")
 
     def set_attributes(self, span: Span | None, attributes: Mapping[str, Any]) -> None:
         try:
             if span is not None and span.is_recording():
                 span.set_attributes(attributes)
         except Exception:
-            self._fault("span")
+            self.fault("span")
 
     def record_exception(self, span: Span | None, exc: BaseException) -> None:
         """A non-JSON-RPC failure of the call (transport error...): error.type is the exception class."""
@@ -407,7 +407,7 @@ class TokenRecorder:
                 span.set_attribute(A_ERROR_TYPE, type(exc).__qualname__)
                 span.set_status(StatusCode.ERROR, f"{type(exc).__qualname__}: {str(exc)[:200]}")
         except Exception:
-            self._fault("span")
+            self.fault("span")
 
     # ------------------------------------------------------------------ messages
 
@@ -440,7 +440,7 @@ class TokenRecorder:
         try:
             measurement = measure_request(method, params, self.policy)
         except Exception:
-            self._fault("estimate")
+            self.fault("estimate")
             if attributes:
                 self.set_attributes(span, attributes)
             return None
@@ -465,7 +465,7 @@ class TokenRecorder:
                 else:
                     span.set_attributes(attrs)
         except Exception:
-            self._fault("span")
+            self.fault("span")
         label = self._server(meta, server)
         if not label and method == "initialize" and side != "server" and meta is not None:
             # The server's name arrives with this request's result: its metrics are recorded then, with it.
@@ -508,7 +508,7 @@ class TokenRecorder:
                 method, params, session_id=_rate_key(side, session_id), budget=budget
             )
         except Exception:
-            self._fault("guard")
+            self.fault("guard")
             return None
         if decision.actions or method == "tools/call":
             server_label = self._server(self._meta(side, session_id, server, None), server)
@@ -538,7 +538,7 @@ class TokenRecorder:
             series = [(p, "found" if p == "padding" else "refused", tp.enforce) for p in self._guard_zero
                       if p != "padding" or tp.padding]
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
             return
         for sink in self.sinks:
             touch = getattr(sink, "touch_guard", None)  # the Prometheus sink; OTel counters need no zero
@@ -546,7 +546,7 @@ class TokenRecorder:
                 try:
                     touch(side, server, tool, series)
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")
 
     def _guard_result(
         self,
@@ -566,7 +566,7 @@ class TokenRecorder:
                 method, result, tool=tool_name, arguments=arguments, budget=budget, measurement=m
             )
         except Exception:
-            self._fault("guard")
+            self.fault("guard")
             return result, (), m.total_tokens, self._cost(m.total_tokens)
         tokens = outcome.context_tokens if outcome.context_tokens is not None else m.total_tokens
         return outcome.result, outcome.actions, tokens, outcome.cost_usd
@@ -577,7 +577,7 @@ class TokenRecorder:
         try:
             return self.guard.cost_usd(tokens)
         except Exception:
-            self._fault("guard")
+            self.fault("guard")
             return None
 
     def _guard_signals(
@@ -594,19 +594,19 @@ class TokenRecorder:
                 for action in actions:
                     span.add_event(EVENT_GUARD, action.attributes())
         except Exception:
-            self._fault("span")
+            self.fault("span")
         for action in actions:
             try:
                 tool = self.tool_names(action.tool, False)
             except Exception:
-                self._fault("metrics")
+                self.fault("metrics")
                 continue
             self._emit_rich("record_guard_action", side, server, action.policy, action.action, action.enforced, tool)
         if cost is not None:
             try:
                 tool = self.tool_names(cost[0], False)
             except Exception:
-                self._fault("metrics")
+                self.fault("metrics")
                 return
             self._emit_rich("record_cost", side, server, tool, cost[1])
 
@@ -691,7 +691,7 @@ class TokenRecorder:
             else:
                 measurement = measure_result(method, result, tool_name=tool_name, policy=self.policy)
         except Exception:
-            self._fault("estimate")
+            self.fault("estimate")
             return None, result
         deliver = result
         tokens = measurement.total_tokens
@@ -726,7 +726,7 @@ class TokenRecorder:
                             meta.transport = meta.transport or call.transport
                             meta.protocol = meta.protocol or call.protocol
         except Exception:
-            self._fault("span")
+            self.fault("span")
         if call.transport is None and meta is not None:
             call.transport, call.protocol = meta.transport, meta.protocol
         self._metrics(side, method, tool_name, "output", measurement, update, server_label, call)
@@ -768,7 +768,7 @@ class TokenRecorder:
                         per_tool[label] = tokens
             return total, per_tool
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
             return None
 
     def _meta(
@@ -790,7 +790,7 @@ class TokenRecorder:
                 meta.transport = attributes.get(A_TRANSPORT)
             return meta
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
             return None
 
     def server_label(self) -> str:
@@ -805,7 +805,7 @@ class TokenRecorder:
         try:
             return self.server_names(name) or ""
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
             return ""
 
     def end_session(self, side: Side, session_id: str | None) -> None:
@@ -816,12 +816,12 @@ class TokenRecorder:
             with self._budget_lock:
                 self.sessions[side].end(session_id)
         except Exception:
-            self._fault("budget")
+            self.fault("budget")
         if self._guard_on:
             try:
                 self.guard.end_session(_rate_key(side, session_id))
             except Exception:
-                self._fault("guard")
+                self.fault("guard")
         self._emit_ended()
 
     def end_session_soon(self, side: Side, session_id: str) -> None:
@@ -901,7 +901,7 @@ class TokenRecorder:
             with self._budget_lock:
                 update = self.sessions[side].record(session_id, tokens)
         except Exception:
-            self._fault("budget")
+            self.fault("budget")
             return None
         if self._ended:  # idle or evicted sessions the registry let go of while recording
             self._emit_ended()
@@ -970,7 +970,7 @@ class TokenRecorder:
             method_label = self.method_names(method, admit) or method
             tool_label = self.tool_names(tool_name, admit)
         except Exception:
-            self._fault("metrics")
+            self.fault("metrics")
             return
         # One pass over the sinks per message (a response's message, breach, call and transition points);
         # each sink still gets its calls in the order it always did.
@@ -986,7 +986,7 @@ class TokenRecorder:
                 else:
                     sink.record_message(side, method_label, tool_label, direction, m)
             except Exception:
-                self._fault("metrics")
+                self.fault("metrics")
             if breach:
                 try:
                     if aware:
@@ -994,12 +994,12 @@ class TokenRecorder:
                     else:
                         sink.record_breach(side, method_label, tool_label, m.risk_tier)
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")
             if timed and aware:
                 try:
                     sink.record_call(side, method_label, tool_label, server, call)
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")
             for state in transitions:
                 try:
                     if aware:
@@ -1007,4 +1007,4 @@ class TokenRecorder:
                     else:
                         sink.record_transition(side, state)
                 except Exception:
-                    self._fault("metrics")
+                    self.fault("metrics")

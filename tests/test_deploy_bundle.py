@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from mcp_token_otel import semconv
 from mcp_token_otel.cli.demo import DemoOptions
 from mcp_token_otel.config import PrometheusConfig
-from mcp_token_otel.emitters import semconv
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

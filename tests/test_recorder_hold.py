@@ -12,7 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.emitters.semconv import (
+from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import (
     A_ESTIMATOR,
     A_INPUT_TOKENS,
     A_OUTPUT_TOKENS,
@@ -21,7 +22,6 @@ from mcp_token_otel.emitters.semconv import (
     A_TRANSPORT,
     EVENT_BUDGET,
 )
-from mcp_token_otel.recorder import TokenRecorder
 
 RESULT = {"content": [{"type": "text", "text": "word " * 400}]}
 

@@ -40,14 +40,6 @@ class Patches:
         self._originals.clear()
 
 
-def called_tool(method: str, params: Any) -> str | None:
-    """The tool a ``tools/call`` names, else None."""
-    if method == "tools/call" and (type(params) is dict or isinstance(params, Mapping)):  # exact type: no ABC call
-        name = params.get("name")
-        return name if isinstance(name, str) else None
-    return None
-
-
 def is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
     """A recording span of this kind for this MCP method (the SDK's, or an outer instrumentation's)."""
     if not span.is_recording() or getattr(span, "kind", None) is not kind:

@@ -57,10 +57,11 @@ from opentelemetry.trace import Span, SpanKind
 from pydantic import BaseModel, RootModel
 
 from ..core.guard import chain_depth, with_depth
-from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
+from ..core.measure import called_tool
 from ..recorder import Side, TokenRecorder
+from ..semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ._common import MARK as _MARK
-from ._common import Patches, ShimSlot, called_tool, detach, extract_parent, is_mcp_span, wire_dict
+from ._common import Patches, ShimSlot, detach, extract_parent, is_mcp_span, wire_dict
 
 logger = logging.getLogger(__name__)
 
@@ -318,14 +319,14 @@ class V1Shim:
                 try:
                     stack.callback(self._end_session, info)
                 except Exception:
-                    self.recorder._fault("install")
+                    self.recorder.fault("install")
         return info
 
     def _safe_info(self, session: Any) -> _SessionInfo | None:
         try:
             return self.session_info(session)
         except Exception:
-            self.recorder._fault("install")
+            self.recorder.fault("install")
             return None
 
     def _end_session(self, info: _SessionInfo) -> None:
@@ -362,7 +363,7 @@ class V1Shim:
                 try:
                     shim._new_session(session)
                 except Exception:
-                    shim.recorder._fault("install")
+                    shim.recorder.fault("install")
 
         return patched_init
 
@@ -433,7 +434,7 @@ class V1Shim:
                 if own is not None:
                     token = otel_context.attach(trace.set_span_in_context(own))
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         guarded = rec.guard_active
         answer, refusal = None, None
         if guarded:
@@ -447,7 +448,7 @@ class V1Shim:
             try:
                 request = self._inject(request, data, info)
             except Exception:
-                rec._fault("span")
+                rec.fault("span")
         # HTTP: server.address/port and network.protocol.name from the transport's URL (with the estimate).
         http = http_attributes(getattr(info.http, "url", None)) if info.http is not None else None
         rec.record_input(span, side, method, params, key, attributes=http)
@@ -493,7 +494,7 @@ class V1Shim:
             out = {**data, "params": chained}
             return type(request).model_validate(out), out, chained
         except Exception:
-            self.recorder._fault("guard")
+            self.recorder.fault("guard")
             return request, data, params
 
     def _refusal(self, result_type: Any, refusal: dict[str, Any]) -> Any:
@@ -501,14 +502,14 @@ class V1Shim:
         try:
             return result_type.model_validate(refusal)
         except Exception:
-            self.recorder._fault("guard")
+            self.recorder.fault("guard")
             return None
 
     def _result_dict(self, result: Any) -> Any:
         try:
             return wire_dict(result)  # the validated result model: re-dumped in its wire form
         except Exception:
-            self.recorder._fault("estimate")
+            self.recorder.fault("estimate")
             return None
 
     def _inject(self, request: Any, data: dict[str, Any], info: _SessionInfo) -> Any:
@@ -564,7 +565,7 @@ class V1Shim:
             data = wire_dict(notification)
             method, params = str(data.get("method", "unknown")), data.get("params")
         except Exception:
-            self.recorder._fault("estimate")
+            self.recorder.fault("estimate")
             return
         self.recorder.record_input(None, side, method, params)
 
@@ -605,7 +606,7 @@ class V1Shim:
             )
             span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=extract_parent(meta))
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         rec.record_input(span, "server", method, params)  # no session: notifications stay off budgets
         return span
 
@@ -629,7 +630,7 @@ class V1Shim:
                 try:
                     shim._take_injected(responder)
                 except Exception:
-                    shim.recorder._fault("span")
+                    shim.recorder.fault("span")
 
         return patched_init
 
@@ -662,7 +663,7 @@ class V1Shim:
                 try:
                     shim._open_inbound(responder)
                 except Exception:
-                    shim.recorder._fault("span")
+                    shim.recorder.fault("span")
             return entered
 
         return patched_enter
@@ -703,7 +704,7 @@ class V1Shim:
             if span is not None:
                 token = otel_context.attach(trace.set_span_in_context(span))
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         server = _server_name(session) if side == "server" else None
         state = _InboundState(
             span, token, side, method, called_tool(method, params), key, info, started=time.perf_counter(),
@@ -712,7 +713,7 @@ class V1Shim:
         try:
             setattr(responder, _MARK, state)
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
             detach(token)
             rec.end_span(span)
             return
@@ -730,13 +731,13 @@ class V1Shim:
             if state.tool is not None and isinstance(params, Mapping):
                 state.arguments = params.get("arguments")
         except Exception:
-            rec._fault("guard")
+            rec.fault("guard")
         refusal = rec.guard_request(state.span, state.side, state.method, params, state.key, server=state.server)
         if refusal is not None and state.side == "server":
             try:
                 state.refusal = ServerResult(CallToolResult.model_validate(refusal))
             except Exception:
-                rec._fault("guard")  # the call goes on as if allowed
+                rec.fault("guard")  # the call goes on as if allowed
 
     def _wrap_handle_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
         shim = self
@@ -776,7 +777,7 @@ class V1Shim:
         rec = self.recorder
         if state.refusal is not None:  # never reached Server._handle_request: the handler ran after all
             state.refusal = None
-            rec._fault("guard")
+            rec.fault("guard")
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
             rec.record_output(state.span, state.side, state.method, state.tool, error=response, session_id=state.key,
@@ -810,7 +811,7 @@ class V1Shim:
                 return type(original)(type(root).model_validate(delivered))
             return type(original).model_validate(delivered)
         except Exception:
-            self.recorder._fault("guard")
+            self.recorder.fault("guard")
             return original
 
     def _wrap_exit(self, original: Callable[..., Any]) -> Callable[..., Any]:

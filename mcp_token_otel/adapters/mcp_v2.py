@@ -48,14 +48,14 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
 from ..core.guard.limits import chain_depth, with_depth
-from ..emitters.semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
+from ..core.measure import called_tool
 from ..recorder import Side, TokenRecorder
+from ..semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ._common import MARK as _MARK
 from ._common import (
     Patches,
     PendingEvents,
     ShimSlot,
-    called_tool,
     deliver,
     detach,
     extract_parent,
@@ -183,7 +183,7 @@ class OutboundCall:
             if is_mcp_span(current, SpanKind.CLIENT, method):
                 self._outer = current  # an outer MCP instrumentation already traces this call
         except Exception:
-            shim.recorder._fault("span")
+            shim.recorder.fault("span")
 
     def start(self, sdk_span: Span | None = None, *, activate: bool = False) -> None:
         if self.started:
@@ -206,7 +206,7 @@ class OutboundCall:
             if self.pending is not None:
                 self.pending.replay(self.span)
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         rec.record_input(self.span, self.side, self.method, self.params, self.key, attributes=self.input_attrs)
 
     def end(self, extra: Mapping[str, Any] | None = None) -> None:
@@ -255,7 +255,7 @@ class OutboundCall:
             try:  # converting the result is part of measuring it: inside the never-break boundary
                 wire = wire_dict(result)
             except Exception:
-                rec._fault("estimate")
+                rec.fault("estimate")
                 return result
             if not guarded:
                 rec.record_output(self.span, self.side, self.method, self.tool, result=wire, session_id=self.key,
@@ -268,7 +268,7 @@ class OutboundCall:
             try:
                 return deliver(result, wire, out)
             except Exception:
-                rec._fault("guard")
+                rec.fault("guard")
                 return result
         finally:
             with contextlib.suppress(ValueError):
@@ -352,7 +352,7 @@ class TokenMiddleware:
                 extra.update(http_attributes(getattr(ctx.request, "url", None),
                                              scope.get("http_version") if isinstance(scope, Mapping) else None))
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         # One set_attributes for the request side: the adapter's attributes ride with the estimate.
         server = self._server
         guarded = False
@@ -365,7 +365,7 @@ class TokenMiddleware:
             try:  # whichever sides guard, the handler's own requests (nested calls, sampling) carry one more
                 depth_token = _DEPTH.set(chain_depth(params))
             except Exception:
-                rec._fault("guard")
+                rec.fault("guard")
         # The request's span attributes are held and set with the response's: one set_attributes per call.
         held: dict[str, Any] = {}
         rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server, hold=held)
@@ -398,7 +398,7 @@ class TokenMiddleware:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
                     wire = wire_dict(result)
                 except Exception:
-                    rec._fault("estimate")
+                    rec.fault("estimate")
                     return result
                 if not guarded:
                     rec.record_output(span, "server", method, tool, result=wire, session_id=session_key,
@@ -411,7 +411,7 @@ class TokenMiddleware:
                 try:
                     return deliver(result, wire, out)
                 except Exception:
-                    rec._fault("guard")
+                    rec.fault("guard")
             return result
         finally:
             if depth_token is not None:
@@ -461,7 +461,7 @@ class DispatcherProxy:
             try:  # a call a served request's handler makes: one deeper in the chain
                 params = _deeper(params)
             except Exception:
-                shim.recorder._fault("guard")
+                shim.recorder.fault("guard")
         attrs: dict[str, Any] = {}
         try:
             attrs = call_attributes(
@@ -471,7 +471,7 @@ class DispatcherProxy:
                 transport=self._transport[0] if self._transport else None,
             )
         except Exception:
-            shim.recorder._fault("span")
+            shim.recorder.fault("span")
         call = OutboundCall(shim, "client", method, params, self._key, attrs, self._http)
         call.version = self._protocol_version()
         try:
@@ -529,7 +529,7 @@ class DispatcherProxy:
             span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=_parent_context(meta))
             tokens = _activate(span)
         except Exception:
-            rec._fault("span")
+            rec.fault("span")
         rec.record_input(span, "client", method, params, self._key)
         started = time.perf_counter()
         try:
@@ -549,13 +549,13 @@ class DispatcherProxy:
             try:
                 wire = wire_dict(result)
             except Exception:
-                rec._fault("estimate")
+                rec.fault("estimate")
                 return result
             _, out = rec.record_guarded_output(span, "client", method, None, wire, self._key, started=started)
             try:  # the answer the client sends back (sampling, elicitation), as the guards left it
                 return deliver(result, wire, out)
             except Exception:
-                rec._fault("guard")
+                rec.fault("guard")
                 return result
         finally:
             _deactivate(tokens)
@@ -676,14 +676,14 @@ class V2Shim:
                 channel = session._request_outbound if related is not None else session._connection.outbound
                 jsonrpc = _is_jsonrpc(channel)
             except Exception:
-                shim.recorder._fault("span")
+                shim.recorder.fault("span")
             if shim.recorder.guard_active and _DEPTH.get() is not None:
                 try:  # the handler's request (sampling, elicitation) carries the next chain depth
                     deeper = _deeper(params)
                     request = type(request).model_validate({**data, "params": deeper}, by_name=False)
                     params = deeper
                 except Exception:
-                    shim.recorder._fault("guard")
+                    shim.recorder.fault("guard")
             return await shim.server_send(
                 lambda: original(session, request, result_type, *args, **kw), method, params, jsonrpc
             )
@@ -702,7 +702,7 @@ class V2Shim:
                 try:
                     params = _deeper(params)
                 except Exception:
-                    shim.recorder._fault("guard")
+                    shim.recorder.fault("guard")
             return await shim.server_send(
                 lambda: original(connection, method, params, *args, **kw), method, params, jsonrpc
             )
@@ -723,7 +723,7 @@ class V2Shim:
                 if version:
                     attrs[A_PROTOCOL] = version
         except Exception:
-            self.recorder._fault("span")
+            self.recorder.fault("span")
         call = OutboundCall(self, "server", method, params, key, attrs)
         try:
             return await call.send(send, jsonrpc)
@@ -753,7 +753,7 @@ class V2Shim:
                 chain.append(TokenMiddleware(self, getattr(low, "name", None)))
             self._servers.add(low)
         except Exception:
-            self.recorder._fault("install")
+            self.recorder.fault("install")
 
     @staticmethod
     def remove_middleware(server: Any) -> None:
@@ -832,7 +832,7 @@ class V2Shim:
                 session._dispatcher = DispatcherProxy(inner, self, session, transport)
                 self._sessions.add(session)
         except Exception:
-            self.recorder._fault("install")
+            self.recorder.fault("install")
 
 
 _slot = ShimSlot(V2Shim)

@@ -47,7 +47,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
-    from ..adapters.proxy.telemetry import StartupError
+    from ..proxy.telemetry import StartupError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(message)s")
     # The relay threads (stdio: two copiers and the queue's writer) hand the GIL over every 200 us when they
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
 
 
 def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> int:
-    from ..adapters.proxy.stdio import StdioProxy, default_name
+    from ..proxy.stdio import StdioProxy, default_name
 
     name = args.name or default_name(command)
     _check_metrics_port(args, config)
@@ -94,7 +94,7 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
 
 def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
     """One clear line now if /metrics cannot be served (rather than from the measuring process later)."""
-    from ..adapters.proxy.telemetry import check_port_free
+    from ..proxy.telemetry import check_port_free
 
     if args.metrics_port is not None or config.prometheus.enabled:
         port = config.prometheus.port if args.metrics_port is None else args.metrics_port
@@ -104,18 +104,18 @@ def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
 def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
     """The measuring side, in its own process (its CPU time never holds the relay's GIL); with guards on
     (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements."""
-    from ..adapters.proxy.guard import proxy_guarded
-    from ..adapters.proxy.measure_process import RemoteTelemetry
+    from ..proxy.guard import proxy_guarded
+    from ..proxy.measure_process import RemoteTelemetry
 
     if proxy_guarded(config):
-        from ..adapters.proxy.telemetry import Telemetry
+        from ..proxy.telemetry import Telemetry
 
         return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=args.metrics_port, guard=True)
     return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
 
 
 def _run_http(args: argparse.Namespace, config: Config) -> int:
-    from ..adapters.proxy.http import HttpProxy, parse_listen
+    from ..proxy.http import HttpProxy, parse_listen
 
     host, port = parse_listen(args.listen)
     proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context)

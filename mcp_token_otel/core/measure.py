@@ -600,3 +600,10 @@ def measure_message(
     # Not an envelope: treat the value itself as a result payload.
     return measure_result(request_method or infer_method(msg), msg, tool_name=tool_name, policy=policy)
 
+
+def called_tool(method: str, params: Any) -> str | None:
+    """The tool a ``tools/call`` names, else None."""
+    if method == "tools/call" and (type(params) is dict or isinstance(params, Mapping)):  # exact type: no ABC call
+        name = params.get("name")
+        return name if isinstance(name, str) else None
+    return None

@@ -13,8 +13,7 @@ from opentelemetry import metrics, trace
 
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
-from .aggregate import CountFamily
-from .semconv import (
+from ..semconv import (
     A_ERROR_TYPE,
     A_METHOD,
     A_PROTOCOL,
@@ -41,6 +40,7 @@ from .semconv import (
     TOKEN_BUCKETS,
     UTILIZATION_BUCKETS,
 )
+from .aggregate import CountFamily
 
 #: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
 #: trace-based filter samples points recorded inside a sampled span): exemplars only where they help, on the

@@ -56,15 +56,15 @@ from prometheus_client.utils import floatToGoString
 from ..core.budget import BUDGET_STATES
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS, RISK_TIERS
-from .aggregate import Count, CountFamily, Hist, HistFamily
-from .otel_metrics import CallInfo
-from .semconv import (  # one set of buckets for both paths
+from ..semconv import (  # one set of buckets for both paths
     BYTE_BUCKETS,
     DURATION_BUCKETS,
     RATIO_BUCKETS,
     TOKEN_BUCKETS,
     UTILIZATION_BUCKETS,
 )
+from .aggregate import Count, CountFamily, Hist, HistFamily
+from .otel_metrics import CallInfo
 
 PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128

@@ -25,11 +25,11 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from mcp_token_otel.adapters.proxy.guard import GuardMeasurer, LineGuard, SseGuard
-from mcp_token_otel.adapters.proxy.jsonrpc import C2S, LINES, S2C, SSE, ProxyStats
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.core.guard import META_DEPTH_KEY, META_TOKENS_KEY
 from mcp_token_otel.core.measure import measure_result
+from mcp_token_otel.proxy.guard import GuardMeasurer, LineGuard, SseGuard
+from mcp_token_otel.proxy.jsonrpc import C2S, LINES, S2C, SSE, ProxyStats
 from mcp_token_otel.recorder import TokenRecorder
 
 from ..support import ROOT, npm_peer

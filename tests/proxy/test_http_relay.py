@@ -17,8 +17,8 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from mcp_token_otel.adapters.proxy import http as relay_module
-from mcp_token_otel.adapters.proxy.http import HttpProxy, Relay
+from mcp_token_otel.proxy import http as relay_module
+from mcp_token_otel.proxy.http import HttpProxy, Relay
 
 from .conftest import free_port, wait_for
 from .test_http import _open, _serve, http_proxy

@@ -18,7 +18,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from mcp_token_otel.adapters.proxy.inject import Injector, LineInjector
+from mcp_token_otel.proxy.inject import Injector, LineInjector
 
 from .conftest import TEST_SERVER, Receiver, proxy_argv, proxy_env, wait_for
 from .test_http import _serve, http_proxy

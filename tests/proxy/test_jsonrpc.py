@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from mcp_token_otel.adapters.proxy.jsonrpc import BODY, C2S, LINES, S2C, SSE, MessageStream, ProxyStats, Tracker
-from mcp_token_otel.adapters.proxy.measure_queue import MeasureQueue
+from mcp_token_otel.proxy.jsonrpc import BODY, C2S, LINES, S2C, SSE, MessageStream, ProxyStats, Tracker
+from mcp_token_otel.proxy.measure_queue import MeasureQueue
 from mcp_token_otel.recorder import SIDES, TokenRecorder
 
 from ..support import make_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from mcp_token_otel.adapters.proxy.lines import LineSplitter
+from mcp_token_otel.proxy.lines import LineSplitter
 
 
 def _split_all(data: bytes, sizes: list[int], max_line: int) -> tuple[list[tuple[bytes, bool]], int]:

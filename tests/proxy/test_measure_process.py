@@ -10,8 +10,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from mcp_token_otel.adapters.proxy.jsonrpc import C2S, LINES
-from mcp_token_otel.adapters.proxy.measure_process import RemoteMeasurer
+from mcp_token_otel.proxy.jsonrpc import C2S, LINES
+from mcp_token_otel.proxy.measure_process import RemoteMeasurer
 
 STUCK = [sys.executable, "-c", "import sys, time; print('ready', flush=True); time.sleep(120)"]
 

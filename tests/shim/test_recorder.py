@@ -8,8 +8,8 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 from mcp_token_otel.core.measure import Policy
-from mcp_token_otel.emitters.semconv import TOKEN_BUCKETS
 from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import TOKEN_BUCKETS
 
 from ..faults import BrokenMeterProvider, BrokenSink, raising_estimator
 from .conftest import Otel, make_config

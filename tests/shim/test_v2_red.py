@@ -18,9 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.core.profiles import tool_definition_tokens
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.semconv import DURATION_BUCKETS, SCHEMA_URL
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import DURATION_BUCKETS, SCHEMA_URL
 
 from .conftest import Otel, make_config, named
 
@@ -332,7 +332,7 @@ def test_duration_keyword_on_record_output(otel: Otel) -> None:
 
 
 def test_http_attributes_from_urls() -> None:
-    from mcp_token_otel.emitters.semconv import http_attributes
+    from mcp_token_otel.semconv import http_attributes
 
     assert http_attributes("https://mcp.example.com/mcp") == {
         "server.address": "mcp.example.com", "server.port": 443, "network.protocol.name": "http"}

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.core.measure import Measurement, Policy
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.semconv import A_SERVER_NAME, A_SESSION_STATE, M_SCOPE, M_SIDE, M_STAGE
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import A_SERVER_NAME, A_SESSION_STATE, M_SCOPE, M_SIDE, M_STAGE
 
 from .conftest import Otel, make_config
 

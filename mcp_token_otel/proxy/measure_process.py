@@ -4,7 +4,7 @@ The relay process keeps only the bounded :class:`MeasureQueue`; its thread write
 blocking write, the GIL released). When the measuring process falls behind the pipe fills, that thread waits,
 the queue fills, and further chunks are forwarded but counted as dropped: the relay itself never waits.
 
-The measuring process (``python -m mcp_token_otel.adapters.proxy.measure_process``) owns the recorder, the
+The measuring process (``python -m mcp_token_otel.proxy.measure_process``) owns the recorder, the
 OTLP exporters and ``/metrics``; it reads records from its stdin and ends, after flushing, at EOF (the relay
 process exiting, even by SIGKILL, closes the pipe). It ignores SIGINT/SIGTERM: a Ctrl-C reaches the whole
 process group, and the relay process decides when measuring ends.
@@ -296,7 +296,7 @@ class RemoteTelemetry:
 
 
 def measuring_argv(config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None) -> list[str]:
-    argv = [sys.executable, "-m", "mcp_token_otel.adapters.proxy.measure_process", "--name", name]
+    argv = [sys.executable, "-m", "mcp_token_otel.proxy.measure_process", "--name", name]
     if config_path:
         argv += ["--config", config_path]
     if metrics_host:
@@ -372,7 +372,7 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mcp_token_otel.adapters.proxy.measure_process")
+    parser = argparse.ArgumentParser(prog="mcp_token_otel.proxy.measure_process")
     parser.add_argument("--name", required=True)
     parser.add_argument("--config")
     parser.add_argument("--metrics-host")
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(OSError):  # on a busy machine the relay gets the CPU first
         os.nice(5)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
-    from ...config import load_config
+    from ..config import load_config
     from .telemetry import Telemetry
 
     try:

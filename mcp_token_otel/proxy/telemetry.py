@@ -11,9 +11,9 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from ...config import Config
-from ...emitters.semconv import SCOPE_NAME
-from ...recorder import TokenRecorder
+from ..config import Config
+from ..recorder import TokenRecorder
+from ..semconv import SCOPE_NAME
 from .jsonrpc import Measurer, ProxyStats
 
 logger = logging.getLogger(__name__)
@@ -111,14 +111,14 @@ class Telemetry:
         self.configured = False
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
-            from ...emitters.otel_setup import configure_otel
+            from ..emitters.otel_setup import configure_otel
 
             self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME)
         self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
         self.prometheus: Any = None
         if metrics_port is not None or config.prometheus.enabled:
-            from ...emitters.prometheus_service import start_prometheus
+            from ..emitters.prometheus_service import start_prometheus
 
             prom = config.prometheus
             prom = dataclasses.replace(prom, host=metrics_host or prom.host,

@@ -24,9 +24,9 @@ from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-from ...emitters.semconv import A_ERROR_TYPE, A_PROTOCOL, call_attributes, span_name
-from ...recorder import TokenRecorder
-from .._common import called_tool
+from ..core.measure import called_tool
+from ..recorder import TokenRecorder
+from ..semconv import A_ERROR_TYPE, A_PROTOCOL, call_attributes, span_name
 from .measure_queue import MeasureQueue
 
 logger = logging.getLogger(__name__)
@@ -478,11 +478,11 @@ class Measurer:
         self.stats = stats
         self.max_message = max_message
         kwargs: dict[str, Any] = {"max_bytes": max_queue_bytes} if max_queue_bytes else {}
-        self.queue = MeasureQueue(self._handle, on_error=self._fault, **kwargs)
+        self.queue = MeasureQueue(self._handle, on_error=self.fault, **kwargs)
         stats.queue = self.queue
         self._lock = threading.Lock()
 
-    def _fault(self) -> None:
+    def fault(self) -> None:
         self.stats.faults += 1
 
     def tracker(self, **kwargs: Any) -> Tracker:

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ...config import Config
-from ...recorder import TokenRecorder
+from ..config import Config
+from ..recorder import TokenRecorder
 from .jsonrpc import DEFAULT_MAX_MESSAGE, MessageStream, ProxyStats, Tracker
 from .lines import LineSplitter
 
@@ -32,7 +32,7 @@ SIDE = "proxy"
 
 def proxy_guarded(config: Config) -> bool:
     """True when some guard mode is on (globally or for a tool) and ``guard.sides`` includes the proxy."""
-    from ...core.guard import GuardEngine
+    from ..core.guard import GuardEngine
 
     settings = config.guard
     sides = getattr(settings, "sides", (SIDE,))
@@ -50,9 +50,9 @@ class GuardMeasurer:
         self.max_message = max_message
         self._lock = threading.Lock()
 
-    def _fault(self) -> None:
+    def fault(self) -> None:
         self.stats.faults += 1
-        self.recorder._fault("guard")
+        self.recorder.fault("guard")
 
     def tracker(self, **kwargs: Any) -> Tracker:
         return Tracker(self.recorder, self.stats, guard=True, **kwargs)
@@ -67,7 +67,7 @@ class GuardMeasurer:
             with self._lock:
                 return stream.tracker.guarded(stream.direction, raw, time.time_ns())
         except Exception:
-            self._fault()
+            self.fault()
             logger.debug("mcp_token_otel proxy: guard fault", exc_info=True)
             return raw, None
 
