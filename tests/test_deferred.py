@@ -12,10 +12,11 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.emitters.deferred import DeferredSink
+from mcp_token_otel.emitters.sink import BaseSink, CallInfo
 from mcp_token_otel.recorder import TokenRecorder
 
 
-class Recording:
+class Recording(BaseSink):
     """A sink that records calls and the trace id current during each."""
 
     def __init__(self, fail: bool = False) -> None:
@@ -54,13 +55,13 @@ def test_calls_are_queued_then_replayed_in_order_only_breaches_with_their_trace_
     try:
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("call") as span:
-            sink.record_transition("server", "warning")
-            sink.record_message("server", "tools/call", "t", "output", small)
-            sink.record_message("server", "tools/call", "t", "output", large)
-            sink.record_breach("server", "tools/call", "t", "critical")
-            sink.record_session_end("server", 0.5)
+            sink.record_transition("server", "warning", "")
+            sink.record_message("server", "tools/call", "t", "output", small, "")
+            sink.record_message("server", "tools/call", "t", "output", large, "")
+            sink.record_breach("server", "tools/call", "t", "critical", "")
+            sink.record_session_end("server", 0.5, "", CallInfo())
             trace_id = span.get_span_context().trace_id
-        sink.record_error("estimate")
+        sink.record_error("estimate", "")
         assert inner.calls == []  # nothing ran inline
         sink.flush()  # in slices of two: everything still replays, in order
         assert [c[0] for c in inner.calls] == [
@@ -82,7 +83,7 @@ def test_queue_is_bounded_and_drops_are_counted() -> None:
     sink = DeferredSink(inner, interval=3600, max_pending=3)
     try:
         for _ in range(5):
-            sink.record_transition("client", "exhausted")
+            sink.record_transition("client", "exhausted", "")
         assert sink.dropped == 2
         sink.flush()
         assert len(inner.calls) == 3
@@ -93,8 +94,8 @@ def test_queue_is_bounded_and_drops_are_counted() -> None:
 def test_a_failing_sink_is_reported_and_never_raises() -> None:
     errors: list[str] = []
     sink = DeferredSink(Recording(fail=True), interval=3600, on_error=errors.append)
-    sink.record_transition("server", "warning")
-    sink.record_breach("server", "tools/call", "t", "high")
+    sink.record_transition("server", "warning", "")
+    sink.record_breach("server", "tools/call", "t", "high", "")
     sink.close()  # flushes
     sink.close()  # idempotent
     assert errors == ["metrics", "metrics"]
@@ -104,7 +105,7 @@ def test_the_background_thread_drains_without_help() -> None:
     inner = Recording()
     sink = DeferredSink(inner, interval=0.01)
     try:
-        sink.record_transition("server", "warning")
+        sink.record_transition("server", "warning", "")
         for _ in range(500):  # bounded: up to 5 s
             if inner.calls:
                 break
@@ -153,7 +154,7 @@ def test_time_bounded_slices_replay_everything_in_order() -> None:
     sink = DeferredSink(inner, interval=3600, slice_seconds=0.0, pause=0.0001)
     try:
         for i in range(50):
-            sink.record_error(f"stage{i}")
+            sink.record_error(f"stage{i}", "")
         sink.flush()
         assert [c[1][0] for c in inner.calls] == [f"stage{i}" for i in range(50)]
     finally:
@@ -172,11 +173,11 @@ def test_a_flush_ends_while_producers_keep_adding() -> None:
         for i in range(20_000):  # bounded even if the flush hung
             if stop.is_set():
                 return
-            sink.record_error(f"p{i}")
+            sink.record_error(f"p{i}", "")
             produced[0] += 1
 
     for i in range(100):
-        sink.record_error(f"q{i}")
+        sink.record_error(f"q{i}", "")
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     try:

@@ -23,20 +23,25 @@ import atexit
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 
+from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
+from .sink import CallInfo, MetricsSink
+
+#: A queued call: the wrapped sink's bound method, its arguments, and the context to replay it in (or None).
+_Call = tuple[Callable[..., None], tuple[Any, ...], Any]
 
 
 class DeferredSink:
-    """A metrics sink that replays calls on ``sink`` from a background thread."""
+    """A :class:`MetricsSink` that replays every call on ``sink`` from a background thread."""
 
     def __init__(
         self,
-        sink: Any,
+        sink: MetricsSink,
         *,
         interval: float = 0.5,
         max_pending: int = 100_000,
@@ -52,14 +57,11 @@ class DeferredSink:
         self._slice = max(1, slice_size)
         self._slice_seconds = slice_seconds
         self._pause = max(0.0, pause)
-        self._pending: deque[tuple[str, tuple[Any, ...], Any]] = deque()
+        self._pending: deque[_Call] = deque()
         self._drain_lock = threading.Lock()
         self._enqueue_lock = threading.Lock()
         self._stop = threading.Event()
         self.dropped = 0
-        #: The wrapped sink's interface: the recorder calls this one as it would call the sink. A plain
-        #: attribute (read on every emit), taken once: a sink's interface does not change.
-        self.server_aware: bool = getattr(sink, "server_aware", False) is True
         try:
             set_deferred = getattr(sink, "set_deferred", None)
             if callable(set_deferred):  # lets the sink drain this queue when its metrics are collected
@@ -71,43 +73,49 @@ class DeferredSink:
         self._thread.start()
         atexit.register(self.close)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
 
-    def _enqueue(self, name: str, *args: Any, context: Any = None) -> None:
-        item = (name, args, context)
+    def _enqueue(self, method: Callable[..., None], args: tuple[Any, ...], context: Any = None) -> None:
+        item = (method, args, context)
         with self._enqueue_lock:  # the bound and the drop count stay exact with many producers
             if len(self._pending) >= self._max_pending:
                 self.dropped += 1
                 return
             self._pending.append(item)
 
-    def record_message(self, *args: Any) -> None:
-        # args: side, method, tool, direction, measurement[, server]
-        context = otel_context.get_current() if args[4].risk_tier in BREACH_TIERS else None
-        self._enqueue("record_message", *args, context=context)
+    def record_message(
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
+    ) -> None:
+        # Only a breach keeps the caller's context: its exemplar then finds its span.
+        context = otel_context.get_current() if measurement.risk_tier in BREACH_TIERS else None
+        self._enqueue(self._sink.record_message, (side, method, tool, direction, measurement, server), context)
 
-    def record_breach(self, *args: Any) -> None:
-        self._enqueue("record_breach", *args, context=otel_context.get_current())
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
+        self._enqueue(self._sink.record_breach, (side, method, tool, tier, server), otel_context.get_current())
 
-    def record_transition(self, *args: Any) -> None:
-        self._enqueue("record_transition", *args)
+    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
+        self._enqueue(self._sink.record_call, (side, method, tool, server, call))
 
-    def record_session_end(self, *args: Any) -> None:
-        self._enqueue("record_session_end", *args)
+    def record_transition(self, side: str, state: str, server: str) -> None:
+        self._enqueue(self._sink.record_transition, (side, state, server))
 
-    def record_error(self, *args: Any) -> None:
-        # args: stage[, server]
-        self._enqueue("record_error", *args)
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
+        self._enqueue(self._sink.record_session_end, (side, utilization, server, call))
 
-    def record_call(self, *args: Any) -> None:
-        self._enqueue("record_call", *args)
+    def record_session_evicted(self, side: str, server: str) -> None:
+        self._enqueue(self._sink.record_session_evicted, (side, server))
 
-    def record_tool_definitions(self, *args: Any) -> None:
-        self._enqueue("record_tool_definitions", *args)
+    def record_error(self, stage: str, server: str) -> None:
+        self._enqueue(self._sink.record_error, (stage, server))
 
-    def record_guard_action(self, *args: Any) -> None:
-        self._enqueue("record_guard_action", *args)
+    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
+        self._enqueue(self._sink.record_tool_definitions, (server, total, per_tool))
 
-    def record_cost(self, *args: Any) -> None:
-        self._enqueue("record_cost", *args)
+    def record_guard_action(
+        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
+    ) -> None:
+        self._enqueue(self._sink.record_guard_action, (side, server, policy, action, enforced, tool))
+
+    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None:
+        self._enqueue(self._sink.record_cost, (side, server, tool, usd))
 
     def flush(self) -> None:
         """Replay everything queued so far (the thread does this every interval)."""
@@ -134,12 +142,13 @@ class DeferredSink:
                     # hand the GIL to the MCP calls waiting on it between slices
                     time.sleep(pause if now < relaxed_until else 0)
 
-    def _replay(self, name: str, args: tuple[Any, ...], ctx: Any) -> None:
+    def _replay(self, method: Callable[..., None], args: tuple[Any, ...], ctx: Any) -> None:
         token = otel_context.attach(ctx) if ctx is not None else None
         try:
-            getattr(self._sink, name)(*args)
+            method(*args)
         except Exception:
-            if self._on_error is not None and name != "record_error":
+            # A failing record_error is not reported again: it would queue another call that fails the same way.
+            if self._on_error is not None and method.__name__ != "record_error":
                 self._on_error("metrics")
         finally:
             if token is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -41,6 +41,7 @@ from ..semconv import (
     UTILIZATION_BUCKETS,
 )
 from .aggregate import CountFamily
+from .sink import CallInfo, MetricsSink  # noqa: F401  MetricsSink: imported from here until the recorder moves
 
 #: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
 #: trace-based filter samples points recorded inside a sampled span): exemplars only where they help, on the
@@ -49,68 +50,14 @@ from .aggregate import CountFamily
 _NO_SPAN = trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())
 
 
-class MetricsSink(Protocol):
-    """Where measurements go as metrics (the interface a user-added sink implements). Attribute values are
-    already bounded; never a session id. A user sink runs off the MCP call path (see TokenRecorder.add_sink)."""
-
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement
-    ) -> None: ...
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None: ...
-    def record_transition(self, side: str, state: str) -> None: ...
-    def record_session_end(self, side: str, utilization: float) -> None: ...
-    def record_error(self, stage: str) -> None: ...
-
-
-class ServerAwareSink(Protocol):
-    """The built-in sinks' interface (``server_aware = True``): every call carries the bounded server name,
-    and calls, durations and tool definitions have their own methods."""
-
-    server_aware: bool
-
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
-    ) -> None: ...
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None: ...
-    def record_transition(self, side: str, state: str, server: str) -> None: ...
-    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None: ...
-    def record_error(self, stage: str, server: str) -> None: ...
-    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None: ...
-    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None: ...
-    def record_guard_action(
-        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
-    ) -> None: ...
-    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None: ...
-
-
-class CallInfo:
-    """What a response (or a session end) adds beyond its tokens: how it ended, how long it took, where."""
-
-    __slots__ = ("duration", "error_type", "protocol", "transport")
-
-    def __init__(
-        self,
-        error_type: str | None = None,
-        duration: float | None = None,
-        transport: str | None = None,
-        protocol: str | None = None,
-    ) -> None:
-        self.error_type = error_type
-        self.duration = duration
-        self.transport = transport
-        self.protocol = protocol
-
-
 class OtelMetricsSink:
-    """A :class:`MetricsSink` on an OpenTelemetry Meter.
+    """A :class:`~.sink.MetricsSink` on an OpenTelemetry Meter.
 
     The SDK costs ~20 µs per synchronous point (attribute cleaning, hashing, exemplar offers), so only the
     histograms are synchronous, one point per message (plus the overhead ratio of a response and the
     conventions' operation duration of a timed call). Counters (tokens, bytes, responses, errors) are
     pre-aggregated here (a dict increment) and reported through observable instruments at collection.
     """
-
-    server_aware = True
 
     def __init__(
         self,
@@ -142,6 +89,7 @@ class OtelMetricsSink:
         self._call_errors = CountFamily(lock, _no_labels)
         self._guard_counts = CountFamily(lock, _no_labels)
         self._cost_sums = CountFamily(lock, _no_labels)
+        self._evicted_counts = CountFamily(lock, _no_labels)
         self._definitions: dict[str, int] = {}
         self._tool_definitions: dict[tuple[str, str], int] = {}
         self._call_attrs: dict[tuple[Any, ...], dict[str, str]] = {}
@@ -270,6 +218,12 @@ class OtelMetricsSink:
             description="Estimated USD of the results that entered the context (guard.model's input price).",
         )
         meter.create_observable_counter(
+            "mcp_token.sessions.evicted",
+            callbacks=[self._observer(self._evicted_counts)],
+            unit="{session}",
+            description="Live sessions whose bookkeeping was dropped (least recently used) to stay within the bound.",
+        )
+        meter.create_observable_counter(
             "mcp_token.instrumentation.errors",
             callbacks=[self._observer(self._error_counts)],
             unit="{error}",
@@ -332,7 +286,7 @@ class OtelMetricsSink:
         return attrs
 
     def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
     ) -> None:
         attrs = self._message_attrs(side, method, tool, direction, server)
         context = None if measurement.risk_tier in BREACH_TIERS else _NO_SPAN  # None: the caller's, its span
@@ -346,18 +300,16 @@ class OtelMetricsSink:
             tier = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, measurement.risk_tier), *_server(server))
             self._response_counts.add(tier + (((A_TOOL, tool),) if tool is not None else ()))
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str = "") -> None:
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
         attrs = ((M_SIDE, side), (A_METHOD, method), (A_RISK_TIER, tier), *_server(server))
         self._breach_counts.add(attrs + (((A_TOOL, tool),) if tool is not None else ()))
 
-    def record_transition(self, side: str, state: str, server: str = "") -> None:
+    def record_transition(self, side: str, state: str, server: str) -> None:
         self._transition_counts.add(((M_SIDE, side), (A_SESSION_STATE, state), *_server(server)))
 
-    def record_session_end(
-        self, side: str, utilization: float, server: str = "", call: CallInfo | None = None
-    ) -> None:
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
         self._utilization.record(utilization, {M_SIDE: side, **dict(_server(server))}, _NO_SPAN)
-        if call is not None and call.duration is not None:
+        if call.duration is not None:
             attrs = dict(_server(server))
             if call.transport:
                 attrs[A_TRANSPORT] = call.transport
@@ -396,8 +348,11 @@ class OtelMetricsSink:
         tools.update(((server, tool), tokens) for tool, tokens in per_tool.items())
         self._tool_definitions = tools  # swapped whole: a collection reads one consistent set
 
-    def record_error(self, stage: str, server: str = "") -> None:
+    def record_error(self, stage: str, server: str) -> None:
         self._error_counts.add(((M_STAGE, stage), *_server(server)))
+
+    def record_session_evicted(self, side: str, server: str) -> None:
+        self._evicted_counts.add(((M_SIDE, side), *_server(server)))
 
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None

@@ -64,7 +64,7 @@ from ..semconv import (  # one set of buckets for both paths
     UTILIZATION_BUCKETS,
 )
 from .aggregate import Count, CountFamily, Hist, HistFamily
-from .otel_metrics import CallInfo
+from .sink import CallInfo
 
 PREFIX = "mcp_token"
 MAX_LABEL_CHARS = 128
@@ -169,6 +169,7 @@ _HELP = {
     "definition": "Estimated tokens of one tool's definition (tools within the tool-name bound).",
     "guard": "Guard actions (truncated, refused, warned, found, stripped, annotated) per policy; enforced=false: "
     "observe mode, what enforce mode would have done.",
+    "evicted": "Live sessions whose bookkeeping was dropped (least recently used) to stay within the bound.",
     "cost": "Estimated USD of the results that entered the context (guard.model's input price).",
 }
 
@@ -405,6 +406,7 @@ class _AggregateCollector(Collector):
         )
         yield self._counter(f"{PREFIX}_guard_actions", _HELP["guard"], self._rows(_GUARD_LABELS, sink._guard))
         yield self._counter(f"{PREFIX}_cost_usd", _HELP["cost"], self._rows(_COST_LABELS, sink._cost))
+        yield self._counter(f"{PREFIX}_sessions_evicted", _HELP["evicted"], self._rows(_SESSION_LABELS, sink._evicted))
         budget = GaugeMetricFamily(
             f"{PREFIX}_output_rate_budget_tokens_per_second", _HELP["budget"], labels=["scope", "server"]
         )
@@ -461,6 +463,7 @@ class _AggregateCollector(Collector):
         yield counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], _ERROR_LABELS, sink._errors.copy())
         yield counter(f"{PREFIX}_guard_actions", _HELP["guard"], _GUARD_LABELS, sink._guard.copy())
         yield counter(f"{PREFIX}_cost_usd", _HELP["cost"], _COST_LABELS, sink._cost.copy())
+        yield counter(f"{PREFIX}_sessions_evicted", _HELP["evicted"], _SESSION_LABELS, sink._evicted.copy())
         name = f"{PREFIX}_output_rate_budget_tokens_per_second"
         yield _Rendered(name, "gauge", _gauge_text(name, _HELP["budget"], budgets))
 
@@ -476,8 +479,6 @@ class PrometheusMetrics:
     ``metrics.input_histograms``) also exposes the token histogram of requests; off, their tokens are in
     ``tokens_total`` only.
     """
-
-    server_aware = True
 
     def __init__(
         self,
@@ -518,6 +519,7 @@ class PrometheusMetrics:
         self._errors = CountFamily(lock, _plain_labels)
         self._guard = CountFamily(lock, _plain_labels)
         self._cost = CountFamily(lock, _plain_labels)
+        self._evicted = CountFamily(lock, _plain_labels)
         #: server -> (total tokens, {tool: tokens}) of its last tools/list result.
         self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
         self._known_outputs: set[tuple[str, str, str, str | None]] = set()
@@ -559,7 +561,7 @@ class PrometheusMetrics:
         return "".join(out).encode("utf-8")
 
     def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str = ""
+        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
     ) -> None:
         if self._files is not None:
             self._files.record_message(side, method, tool, direction, measurement, server)
@@ -586,7 +588,7 @@ class PrometheusMetrics:
                     self._responses.touch((*out, breach_tier))
             self._responses.add((*out, tier))
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str = "") -> None:
+    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
         if self._files is not None:
             self._files.breaches.labels(side, label_value(server), label_value(method), label_value(tool), tier).inc()
         # Otherwise derived from responses_total (the high and critical tiers): nothing to record twice.
@@ -602,16 +604,14 @@ class PrometheusMetrics:
         if call.duration is not None:
             self._operation.observe(key, call.duration)
 
-    def record_transition(self, side: str, state: str, server: str = "") -> None:
+    def record_transition(self, side: str, state: str, server: str) -> None:
         if self._files is not None:
             self._files.transitions.labels(side, label_value(server), state).inc()
         else:
             self._transitions.add((side, server, state))
 
-    def record_session_end(
-        self, side: str, utilization: float, server: str = "", call: CallInfo | None = None
-    ) -> None:
-        duration = call.duration if call is not None else None
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
+        duration = call.duration
         if self._files is not None:
             self._files.utilization.labels(side, label_value(server)).observe(utilization)
             if duration is not None:
@@ -629,11 +629,17 @@ class PrometheusMetrics:
             return
         self._definitions[server] = (total, dict(per_tool))
 
-    def record_error(self, stage: str, server: str = "") -> None:
+    def record_error(self, stage: str, server: str) -> None:
         if self._files is not None:
             self._files.errors.labels(label_value(stage), label_value(server)).inc()
         else:
             self._errors.add((stage, server))
+
+    def record_session_evicted(self, side: str, server: str) -> None:
+        if self._files is not None:
+            self._files.evicted.labels(side, label_value(server)).inc()
+        else:
+            self._evicted.add((side, server))
 
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
@@ -715,6 +721,7 @@ class _SharedFileFamilies:
         self.errors = Counter(f"{PREFIX}_instrumentation_errors", _HELP["errors"], list(_ERROR_LABELS), registry=r)
         self.guard = Counter(f"{PREFIX}_guard_actions", _HELP["guard"], list(_GUARD_LABELS), registry=r)
         self.cost = Counter(f"{PREFIX}_cost_usd", _HELP["cost"], list(_COST_LABELS), registry=r)
+        self.evicted = Counter(f"{PREFIX}_sessions_evicted", _HELP["evicted"], list(_SESSION_LABELS), registry=r)
         self.definitions = Gauge(
             f"{PREFIX}_tool_definitions_tokens", _HELP["definitions"], ["server"], registry=r, multiprocess_mode="max"
         )
@@ -765,7 +772,7 @@ class _SharedFileFamilies:
         return children
 
     def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str = ""
+        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str
     ) -> None:
         tokens_hist, tokens_total, bytes_hist, bytes_total, overhead, responses = self._children(
             side, server, method, tool, direction
