@@ -28,15 +28,15 @@ from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
-from .config import Config, build_policy
-from .core.budget import BUDGET_STATES, BudgetUpdate, SessionBudget, SessionRegistry
-from .core.guard import META_GUARD_KEY, GuardAction, GuardEngine
-from .core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
-from .core.measure import Measurement, Policy, measure_error, measure_request, measure_result
-from .core.risk import BREACH_TIERS
-from .emitters.deferred import DeferredSink
-from .emitters.otel_metrics import CallInfo, MetricsSink, OtelMetricsSink
-from .semconv import (
+from ..config import Config, build_policy
+from ..core.budget import BUDGET_STATES, BudgetUpdate, SessionBudget, SessionRegistry
+from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
+from ..core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
+from ..core.measure import Measurement, Policy, measure_error, measure_request, measure_result
+from ..core.risk import BREACH_TIERS
+from ..emitters.deferred import DeferredSink
+from ..emitters.otel_metrics import CallInfo, MetricsSink, OtelMetricsSink
+from ..semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
     A_COST_USD,
@@ -218,7 +218,7 @@ class TokenRecorder:
         policy: Policy | None = None,
         server_name: str | None = None,
     ) -> None:
-        from . import __version__
+        from .. import __version__
 
         self.config = config or Config()
         self.policy = policy or build_policy(self.config)
@@ -750,7 +750,7 @@ class TokenRecorder:
             tools = result.get("tools") if isinstance(result, Mapping) else None
             if not isinstance(tools, list):
                 return None
-            from .core.profiles import tool_definition_tokens
+            from ..core.profiles import tool_definition_tokens
 
             total = 0
             per_tool: dict[str, int] = {}
