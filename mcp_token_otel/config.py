@@ -243,7 +243,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
             raise _unknown_key(path, str(key), list(fields))
         key_path = f"{path}.{key}" if path else key
         hint = hints[key]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, {} if value is None else value, key_path)
             continue
         if typing.get_origin(hint) is dict:
@@ -273,7 +273,7 @@ def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
     for key, value in data.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"config key '{path}': expected names as keys, got {key!r}")
-        if dataclasses.is_dataclass(value_hint):
+        if isinstance(value_hint, type) and dataclasses.is_dataclass(value_hint):
             out[key] = _build(value_hint, {} if value is None else value, f"{path}.{key}")
         else:
             out[key] = _expect_type(f"{path}.{key}", value, value_hint)

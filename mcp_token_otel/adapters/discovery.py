@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 
@@ -73,7 +73,7 @@ _LISTS = (
 _METHOD_NOT_FOUND = -32601
 
 @dataclass(slots=True)
-class _Notes:
+class Notes:
     """What the transports saw that the SDK's errors leave out: the last HTTP error status."""
 
     http_status: int | None = None
@@ -83,15 +83,15 @@ class _Notes:
             self.http_status = response.status_code
 
 
-# A page fetcher: (method, cursor) -> the raw result dict.
-_Fetch = Callable[[str, str | None], Awaitable[dict[str, Any]]]
+#: A page fetcher: (method, cursor) -> the raw result dict.
+Fetch = Callable[[str, str | None], Awaitable[dict[str, Any]]]
 
 
 def discover(target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> Discovery:
     """Connect, handshake, list everything (following pagination) and disconnect."""
     if not timeout > 0:
         raise DiscoveryError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    notes = _Notes()
+    notes = Notes()
     with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
         try:
             return anyio.run(_discover, target, timeout, errlog, notes)
@@ -103,7 +103,7 @@ def discover(target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> Discovery:
             raise DiscoveryError(_describe(exc, target, timeout, errlog, notes)) from None
 
 
-async def _discover(target: Target, timeout: float, errlog: IO[str], notes: _Notes) -> Discovery:
+async def _discover(target: Target, timeout: float, errlog: TextIO, notes: Notes) -> Discovery:
     with anyio.fail_after(timeout):
         async with AsyncExitStack() as stack:
             try:
@@ -115,7 +115,9 @@ async def _discover(target: Target, timeout: float, errlog: IO[str], notes: _Not
             if modern:
                 info, capabilities, fetch = await _open_v2(stack, target, errlog, notes)
             else:
-                info, capabilities, fetch = await _open_v1(stack, target, errlog, notes)
+                from .discovery_v1 import open_v1
+
+                info, capabilities, fetch = await open_v1(stack, target, errlog, notes)
             lists: dict[str, tuple[dict[str, Any], ...]] = {}
             for method, key, capability in _LISTS:
                 announced = capabilities.get(capability) is not None
@@ -131,7 +133,7 @@ async def _discover(target: Target, timeout: float, errlog: IO[str], notes: _Not
             )
 
 
-async def _list_all(fetch: _Fetch, method: str, key: str) -> list[dict[str, Any]]:
+async def _list_all(fetch: Fetch, method: str, key: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor: str | None = None
     seen: set[str] = set()
@@ -155,15 +157,15 @@ async def _list_all(fetch: _Fetch, method: str, key: str) -> list[dict[str, Any]
     raise DiscoveryError(f"{method}: more than {MAX_PAGES} pages")
 
 
-def _stdio_params(params_type: Any, target: Target) -> Any:
+def stdio_params(params_type: Any, target: Target) -> Any:
     command, *args = target.command
     env = dict(os.environ) if target.env is None else dict(target.env)
     return params_type(command=command, args=list(args), env=env, cwd=target.cwd)
 
 
 async def _open_v2(
-    stack: AsyncExitStack, target: Target, errlog: IO[str], notes: _Notes
-) -> tuple[dict[str, Any], dict[str, Any], _Fetch]:
+    stack: AsyncExitStack, target: Target, errlog: TextIO, notes: Notes
+) -> tuple[dict[str, Any], dict[str, Any], Fetch]:
     from mcp import Client, types
     from mcp.client.stdio import StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
@@ -175,10 +177,11 @@ async def _open_v2(
         http.event_hooks["response"].append(notes.on_response)
         transport: Any = streamable_http_client(target.url, http_client=http)
     else:
-        transport = stdio_client(_stdio_params(StdioServerParameters, target), errlog=errlog)
+        transport = stdio_client(stdio_params(StdioServerParameters, target), errlog=errlog)
     # No response cache: every page comes from the server.
     client = await stack.enter_async_context(Client(transport, cache=None))
-    raw = TypeAdapter(dict[str, Any])
+    # Every field the server sent, as a plain dict (the SDK's annotation asks for a model; any type validates).
+    raw: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
     requests = {
         "tools/list": types.ListToolsRequest,
         "resources/list": types.ListResourcesRequest,
@@ -197,51 +200,6 @@ async def _open_v2(
     return server, caps, fetch
 
 
-async def _open_v1(
-    stack: AsyncExitStack, target: Target, errlog: IO[str], notes: _Notes
-) -> tuple[dict[str, Any], dict[str, Any], _Fetch]:
-    from mcp import ClientSession, types
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-    from mcp.client.streamable_http import streamablehttp_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-    from pydantic import BaseModel, ConfigDict
-
-    class RawResult(BaseModel):  # keeps every field the server sent
-        model_config = ConfigDict(extra="allow")
-
-    if target.url is not None:
-        def client_factory(headers: Any = None, timeout: Any = None, auth: Any = None) -> Any:
-            client = create_mcp_http_client(headers=headers, timeout=timeout, auth=auth)
-            client.event_hooks["response"].append(notes.on_response)
-            return client
-
-        http = streamablehttp_client(target.url, headers=dict(target.headers), httpx_client_factory=client_factory)
-        read, write, _ = await stack.enter_async_context(http)
-    else:
-        read, write = await stack.enter_async_context(
-            stdio_client(_stdio_params(StdioServerParameters, target), errlog=errlog)
-        )
-    session = await stack.enter_async_context(ClientSession(read, write))
-    init = await session.initialize()
-    requests = {
-        "tools/list": types.ListToolsRequest,
-        "resources/list": types.ListResourcesRequest,
-        "resources/templates/list": types.ListResourceTemplatesRequest,
-        "prompts/list": types.ListPromptsRequest,
-    }
-
-    async def fetch(method: str, cursor: str | None) -> dict[str, Any]:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        request = types.ClientRequest(requests[method](method=method, params=params))  # type: ignore[call-arg]
-        result = await session.send_request(request, RawResult)
-        return result.model_dump(by_alias=True, exclude_none=True)
-
-    server = init.serverInfo.model_dump(by_alias=True, exclude_none=True)
-    server["protocolVersion"] = str(init.protocolVersion)
-    caps = init.capabilities.model_dump(by_alias=True, exclude_none=True)
-    return server, caps, fetch
-
-
 def _leaves(exc: BaseException) -> list[BaseException]:
     subs = getattr(exc, "exceptions", None)  # an exception group (builtin on 3.11+, a backport on 3.10)
     if isinstance(subs, tuple | list) and subs and all(isinstance(e, BaseException) for e in subs):
@@ -249,7 +207,7 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str], notes: _Notes) -> str:
+def _describe(exc: BaseException, target: Target, timeout: float, errlog: TextIO, notes: Notes) -> str:
     leaves = [e for e in _leaves(exc) if not isinstance(e, asyncio.CancelledError)] or _leaves(exc)
     leaf = next((e for e in leaves if isinstance(e, DiscoveryError)), leaves[0])
     if isinstance(leaf, TimeoutError):
@@ -270,7 +228,7 @@ def _describe(exc: BaseException, target: Target, timeout: float, errlog: IO[str
     return message
 
 
-def _stderr_tail(errlog: IO[str], limit: int = 200) -> str:
+def _stderr_tail(errlog: TextIO, limit: int = 200) -> str:
     try:
         errlog.flush()
         errlog.seek(0)

@@ -34,6 +34,7 @@ from ..config import Config
 from ..core.guard import META_GUARD_KEY
 from ..core.measure import Measurement
 from ..core.risk import RISK_TIERS
+from ..emitters.sink import BaseSink, CallInfo
 
 #: Tools and how often an agent calls them.
 TOOL_WEIGHTS: dict[str, int] = {
@@ -63,7 +64,7 @@ class ToolStats:
     calls: int = 0
 
 
-class DemoStats:
+class DemoStats(BaseSink):
     """A recorder metrics sink keeping exact per-tool figures for the printed summary (server side)."""
 
     def __init__(self) -> None:
@@ -72,7 +73,9 @@ class DemoStats:
         self.sessions_ended = 0
         self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
 
-    def record_message(self, side: str, method: str, tool: str | None, direction: str, m: Measurement) -> None:
+    def record_message(
+        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str
+    ) -> None:
         if side != "server" or direction != "output" or method != "tools/call" or tool is None:
             return
         stats = self.tools.setdefault(tool, ToolStats())
@@ -82,20 +85,14 @@ class DemoStats:
         stats.tiers[m.risk_tier] += 1
         stats.errors += m.error_type is not None
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str) -> None:
-        pass
-
-    def record_transition(self, side: str, state: str) -> None:
+    def record_transition(self, side: str, state: str, server: str) -> None:
         if side == "server":
             self.transitions[state] += 1
 
-    def record_session_end(self, side: str, utilization: float) -> None:
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
         if side == "server":
             self.sessions_ended += 1
             self._utilization_sum += utilization
-
-    def record_error(self, stage: str) -> None:
-        pass
 
     def table(self) -> str:
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
@@ -175,7 +172,7 @@ def build_server(seed: int = 0) -> Any:
     def lookup_user(user_id: int) -> CallToolResult:
         """Look a user up; fails now and then (an isError result)."""
         if rng.random() < 0.15:
-            return CallToolResult(content=[TextContent(type="text", text=f"user {user_id} not found")], isError=True)
+            return CallToolResult(content=[TextContent(type="text", text=f"user {user_id} not found")], is_error=True)
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(
             {"id": user_id, "name": rng.choice(_WORDS).title(), "roles": ["reader"]}))])
 

@@ -160,7 +160,9 @@ def _lists_from_file(source: str) -> dict[str, Any]:
         found = value.get(key)
         return [i for i in found if isinstance(i, dict)] if isinstance(found, list) else []
 
-    info = value.get("serverInfo") if isinstance(value.get("serverInfo"), dict) else {}
+    info = value.get("serverInfo")
+    if not isinstance(info, dict):
+        info = {}
     return {
         "server_name": str(info.get("name", Path(source).name if source != "-" else "stdin")),
         "server_version": str(info.get("version", "")),
@@ -202,6 +204,7 @@ def fetch_lists(args: argparse.Namespace) -> dict[str, Any]:
     if args.url is not None:
         target = Target(url=args.url, headers=_parse_headers(args.header))
     else:
+        assert stdio is not None  # exactly one of FILE, --url and --stdio: checked above
         target = Target(command=tuple(stdio))
     try:
         found = discover(target, timeout=args.timeout)

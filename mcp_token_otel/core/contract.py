@@ -318,9 +318,9 @@ def validate_lock(value: Any) -> dict[str, Any]:
     version = value.get("lock_version")
     if not _is_int(version) or version != LOCK_VERSION:
         raise LockError(f"lock_version {version!r} is not supported (this version reads {LOCK_VERSION})")
-    for key, kind in (("tools", dict), ("totals", dict), ("estimator", str), ("rule", str), ("thresholds", dict)):
-        if not isinstance(value.get(key), kind):
-            raise LockError(f"'{key}' is missing or not a {kind.__name__}")
+    for key, expected in (("tools", dict), ("totals", dict), ("estimator", str), ("rule", str), ("thresholds", dict)):
+        if not isinstance(value.get(key), expected):
+            raise LockError(f"'{key}' is missing or not a {expected.__name__}")
     for kind in OTHER_KINDS:
         if not isinstance(value.get(kind, {}), dict):
             raise LockError(f"'{kind}' is not an object")
@@ -530,5 +530,5 @@ def sort_differences(differences: Iterable[Difference]) -> list[Difference]:
 
 def failing(differences: Iterable[Difference], fail_on: str) -> list[Difference]:
     """The differences at or above ``fail_on`` (``breaking`` or ``risky``)."""
-    floor = CHANGE_CLASSES.index(fail_on.upper())  # type: ignore[arg-type]
+    floor = CHANGE_CLASSES.index(fail_on.upper())
     return [d for d in differences if CHANGE_CLASSES.index(d.cls) >= floor]

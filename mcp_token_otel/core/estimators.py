@@ -92,7 +92,7 @@ _O200K_PAT = "|".join(
 )
 
 try:  # prefer tiktoken's own spelling of the special tokens when it is installed
-    from tiktoken_ext.openai_public import (  # type: ignore[import-not-found]
+    from tiktoken_ext.openai_public import (
         ENDOFPROMPT,
         ENDOFTEXT,
         FIM_MIDDLE,

@@ -204,7 +204,7 @@ class _Found:
     tokens: int
 
 
-def _find(value: Any, schema: Any, measure: Callable[[Any], int], want: type) -> list[_Found]:
+def _find(value: Any, schema: Any, measure: Callable[[Any], int], want: type[list[Any]] | type[str]) -> list[_Found]:
     """Arrays (want=list) or long strings (want=str) inside ``value``, with their schema nodes, largest first.
     Objects are walked by key; arrays are not walked into (their items are cut whole). At most
     ``_MAX_MEMBERS`` object members are looked at: a wider value is left to the prefix cut."""
@@ -470,6 +470,11 @@ def cut_json(
     return out
 
 
+def _dumped_size(dump: Callable[[Any], str], estimator: Estimator) -> Callable[[Any], int]:
+    """The tokens of a value as ``dump`` writes it."""
+    return lambda value: estimator(dump(value))
+
+
 def _dumper(original: str) -> Callable[[Any], str]:
     """Writes JSON in the style of the text it replaces (indented or compact); the style is read once."""
     if "\n" in original.strip():
@@ -704,7 +709,7 @@ def cap_result(
     content = result.get("content")
     content = content if isinstance(content, list) else []
     has_structured = "structuredContent" in result
-    structured = result.get("structuredContent")
+    structured: Any = result.get("structuredContent")
     duplicate = _duplicate_index(content, structured) if has_structured else None
     block_tokens = [b.data_tokens for b in m.blocks[: len(content)]]
     structured_tokens = 0
@@ -768,7 +773,7 @@ def cap_result(
                 else:
                     sub_schema = _wrapped_schema(output_schema) if wrapped else output_schema
                     dump = _dumper(text)
-                    cut = cut_json(inner, max(0, remaining), lambda v, d=dump: estimator(d(v)), estimator, sub_schema,
+                    cut = cut_json(inner, max(0, remaining), _dumped_size(dump, estimator), estimator, sub_schema,
                                    prefix_ok=output_schema is None, tokens=tokens)
                     new_inner, new_text, tokens_kept = cut.value, dump(cut.value), cut.tokens
                     prefix = "/result" if wrapped else ""
