@@ -1,5 +1,6 @@
-"""The names this project emits: span and metric attributes, events, histogram buckets, and the helpers that
-build the OpenTelemetry MCP semantic-convention attributes of a message. One vocabulary for every emitter."""
+"""The names this project emits: span and metric attributes, events, and the helpers that build the OpenTelemetry
+MCP semantic-convention attributes of a message. One vocabulary for every emitter (the metric families
+themselves, with their buckets, are in :mod:`mcp_token_otel.catalog`)."""
 
 from __future__ import annotations
 
@@ -41,21 +42,21 @@ try:
         MCP_SERVER_SESSION_DURATION,
     )
 except ImportError:  # pragma: no cover - opentelemetry-semantic-conventions before the MCP conventions
-    GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
-    GEN_AI_PROMPT_NAME = "gen_ai.prompt.name"
-    GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
-    GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
-    GEN_AI_TOOL_NAME = "gen_ai.tool.name"
-    JSONRPC_REQUEST_ID = "jsonrpc.request.id"
-    MCP_METHOD_NAME = "mcp.method.name"
-    MCP_PROTOCOL_VERSION = "mcp.protocol.version"
-    MCP_RESOURCE_URI = "mcp.resource.uri"
-    MCP_SESSION_ID = "mcp.session.id"
-    RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"
-    MCP_CLIENT_OPERATION_DURATION = "mcp.client.operation.duration"
-    MCP_CLIENT_SESSION_DURATION = "mcp.client.session.duration"
-    MCP_SERVER_OPERATION_DURATION = "mcp.server.operation.duration"
-    MCP_SERVER_SESSION_DURATION = "mcp.server.session.duration"
+    GEN_AI_OPERATION_NAME = "gen_ai.operation.name"  # type: ignore[misc]
+    GEN_AI_PROMPT_NAME = "gen_ai.prompt.name"  # type: ignore[misc]
+    GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"  # type: ignore[misc]
+    GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"  # type: ignore[misc]
+    GEN_AI_TOOL_NAME = "gen_ai.tool.name"  # type: ignore[misc]
+    JSONRPC_REQUEST_ID = "jsonrpc.request.id"  # type: ignore[misc]
+    MCP_METHOD_NAME = "mcp.method.name"  # type: ignore[misc]
+    MCP_PROTOCOL_VERSION = "mcp.protocol.version"  # type: ignore[misc]
+    MCP_RESOURCE_URI = "mcp.resource.uri"  # type: ignore[misc]
+    MCP_SESSION_ID = "mcp.session.id"  # type: ignore[misc]
+    RPC_RESPONSE_STATUS_CODE = "rpc.response.status_code"  # type: ignore[misc]
+    MCP_CLIENT_OPERATION_DURATION = "mcp.client.operation.duration"  # type: ignore[misc]
+    MCP_CLIENT_SESSION_DURATION = "mcp.client.session.duration"  # type: ignore[misc]
+    MCP_SERVER_OPERATION_DURATION = "mcp.server.operation.duration"  # type: ignore[misc]
+    MCP_SERVER_SESSION_DURATION = "mcp.server.session.duration"  # type: ignore[misc]
 
 try:
     from opentelemetry.semconv.schemas import Schemas
@@ -110,18 +111,18 @@ EVENT_GUARD = "mcp_token.guard"
 M_GUARD_POLICY = "mcp_token.guard.policy"
 M_GUARD_ACTION = "mcp_token.guard.action"
 M_GUARD_ENFORCED = "mcp_token.guard.enforced"
+#: The family an overflow count is about (mcp_token.series.overflow).
+M_FAMILY = "mcp_token.family"
 
-#: Powers of 4 from 64 to 1 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
-#: message under 64 tokens needs no finer bucket; 1 Mi is the largest context window on sale, so anything
-#: above it is one "+Inf" case), which keeps /metrics small at 100 tools.
-TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 11))
-#: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
-RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
-UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
-#: The MCP conventions' boundaries for the operation and session durations (seconds).
-DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-#: Response sizes in bytes: powers of 8 from 512 B to 2 MiB (five bounds keep the family small at 100 tools).
-BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 8))
+
+
+def __getattr__(name: str) -> Any:
+    """The histogram buckets live in :mod:`mcp_token_otel.catalog`; some tests still import them from here."""
+    if name in ("DURATION_BUCKETS", "TOKEN_BUCKETS"):
+        from . import catalog
+
+        return getattr(catalog, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def make_recorder(**config: object) -> tuple[TokenRecorder, PrometheusMetrics]:
     cfg = config_from_dict({"budget": {"context_window": 20_000}, **config})
     recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider())
     sink = PrometheusMetrics(states=recorder.states, tool_output_rate_budget=42, service_output_rate_budget=420)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     return recorder, sink
 
 
@@ -153,7 +153,7 @@ def test_tool_names_overflow_and_are_sanitised() -> None:
 def test_created_series_only_when_asked() -> None:
     recorder = TokenRecorder(config_from_dict({}), TracerProvider(), MeterProvider())
     sink = PrometheusMetrics(states=recorder.states, created_series=True)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     recorder.record_output(None, "server", "tools/call", "t", result=SMALL)
     found = samples(_body(sink))
     assert value(found, "mcp_token_message_tokens_created", tool="t") > 1_700_000_000
@@ -177,7 +177,7 @@ def test_input_histograms_are_served_only_when_asked(accept: str | None) -> None
         reader = InMemoryMetricReader()
         recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider(metric_readers=[reader]))
         sink = PrometheusMetrics(input_histograms=enabled)
-        recorder.add_sink(sink)
+        recorder.add_sink(sink, inline=True)
         drive(recorder)
         server = MetricsServer.start("127.0.0.1", 0, sink.registry)
         try:
@@ -298,7 +298,7 @@ WORKER = textwrap.dedent(
     from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
     from mcp_token_otel.recorder import TokenRecorder
     recorder = TokenRecorder(config_from_dict({}))
-    recorder.add_sink(PrometheusMetrics(states=recorder.states))
+    recorder.add_sink(PrometheusMetrics(states=recorder.states), inline=True)
     for _ in range(int(sys.argv[1])):
         recorder.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x"}]},
                                session_id="s", duration_s=0.015, server="mp")
@@ -419,7 +419,7 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
     # (Go's exponent form: 1.000002e+06), a counter past 1e6, and a collector of the registry's own.
     recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=BIG)
     for _ in range(1_000_001):
-        sink._session_duration.observe(("server", ""), 0.01)
+        sink.hists["mcp_token_session_duration_seconds"].observe(("server", ""), 0.01)
     sink.record_cost("server", "", "dump", 2_500_000.5)
     from prometheus_client import Counter
 

@@ -4,6 +4,10 @@ Both metric paths read from here at collection time instead of paying a metrics 
 the MCP call: the Prometheus collector renders these series on scrape, and the OpenTelemetry sink
 reports its counters through observable instruments. One lock guards every update (uncontended it
 costs ~0.1 µs); collection copies under it and formats outside it, so a scrape never holds it long.
+
+A family holds at most ``MAX_SERIES`` series. Past that, a record for a new label set goes to the family's one
+overflow series (``overflow_key``) and ``folded`` counts it; the existing series keep counting, so nothing
+recorded is lost, only the detail of the label sets that came last.
 """
 
 from __future__ import annotations
@@ -16,6 +20,24 @@ from typing import Any
 
 #: Bound on distinct series per family; labels are bounded upstream, this bounds memory whatever happens.
 MAX_SERIES = 20_000
+
+
+class _Capped:
+    """What both family kinds share: the series map, its cap and the overflow series."""
+
+    def __init__(self, lock: threading.Lock, relabel: Callable[[Any], tuple[str, ...]], overflow_key: Any) -> None:
+        self._lock = lock
+        self._relabel = relabel
+        self.overflow_key = overflow_key
+        #: Records that went to the overflow series because the family was full.
+        self.folded = 0
+
+    def _room(self, series: dict[Any, Any], key: Any) -> Any:
+        """The key a record for the new label set ``key`` goes under: itself, or the overflow key (counted)."""
+        if len(series) < MAX_SERIES:
+            return key
+        self.folded += 1
+        return self.overflow_key
 
 
 class Hist:
@@ -46,14 +68,19 @@ class Count:
         self.text: str | None = None  # the renderer's escaped label text, cached with the series
 
 
-class HistFamily:
+class HistFamily(_Capped):
     """Histogram series keyed by a label tuple; ``observe`` is the hot path."""
 
-    def __init__(self, bounds: tuple[float, ...], lock: threading.Lock, relabel: Callable[[Any], tuple[str, ...]]):
+    def __init__(
+        self,
+        bounds: tuple[float, ...],
+        lock: threading.Lock,
+        relabel: Callable[[Any], tuple[str, ...]],
+        overflow_key: Any,
+    ) -> None:
+        super().__init__(lock, relabel, overflow_key)
         self.bounds = bounds
         self.series: dict[Any, Hist] = {}
-        self._lock = lock
-        self._relabel = relabel
 
     def observe(self, key: Any, value: float, exemplar: dict[str, str] | None = None) -> None:
         index = bisect_left(self.bounds, value)  # first bound >= value: Prometheus "le" buckets
@@ -70,9 +97,10 @@ class HistFamily:
                 series.exemplars[index] = (exemplar, value, time.time())
 
     def _create(self, key: Any) -> Hist:
-        if len(self.series) >= MAX_SERIES:
-            self.series.clear()
-        series = self.series[key] = Hist(self._relabel(key), len(self.bounds) + 1)
+        key = self._room(self.series, key)
+        series = self.series.get(key)
+        if series is None:
+            series = self.series[key] = Hist(self._relabel(key), len(self.bounds) + 1)
         return series
 
     def snapshot(self) -> list[tuple[tuple[str, ...], list[int], float, int, float, dict[int, Any] | None]]:
@@ -89,32 +117,29 @@ class HistFamily:
             return [(s, s.buckets[:], s.sum, s.count) for s in self.series.values()]
 
 
-class CountFamily:
+class CountFamily(_Capped):
     """Counter series keyed by a label tuple."""
 
-    def __init__(self, lock: threading.Lock, relabel: Callable[[Any], tuple[str, ...]]) -> None:
+    def __init__(self, lock: threading.Lock, relabel: Callable[[Any], tuple[str, ...]], overflow_key: Any) -> None:
+        super().__init__(lock, relabel, overflow_key)
         self.series: dict[Any, Count] = {}
-        self._lock = lock
-        self._relabel = relabel
 
     def add(self, key: Any, value: float = 1.0) -> None:
         with self._lock:
             series = self.series.get(key)
             if series is None:
-                series = self.touch_locked(key)
+                key = self._room(self.series, key)
+                series = self.series.get(key)
+                if series is None:
+                    series = self.series[key] = Count(self._relabel(key))
             series.value += value
 
     def touch(self, key: Any) -> None:
-        """Create the series at 0 (alerts take increase() of it: it must exist before its first event)."""
+        """Create the series at 0 (alerts take increase() of it: it must exist before its first event). A full
+        family creates none: nothing was recorded, so nothing is folded."""
         with self._lock:
-            if key not in self.series:
-                self.touch_locked(key)
-
-    def touch_locked(self, key: Any) -> Count:
-        if len(self.series) >= MAX_SERIES:
-            self.series.clear()
-        series = self.series[key] = Count(self._relabel(key))
-        return series
+            if key not in self.series and len(self.series) < MAX_SERIES:
+                self.series[key] = Count(self._relabel(key))
 
     def snapshot(self) -> list[tuple[tuple[str, ...], float, float]]:
         with self._lock:

@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from ..config import PrometheusConfig
-from ..recorder import TokenRecorder
+from ..config import Config, PrometheusConfig
 from .metrics_server import AsgiApp, BasicAuth, MetricsServer, WsgiApp, metrics_asgi_app, metrics_wsgi_app
 from .prometheus_metrics import PrometheusMetrics, multiprocess_mode, multiprocess_registry
+from .sink import MetricsSink
 
 logger = logging.getLogger(__name__)
+
+
+class Recorder(Protocol):
+    """What the Prometheus service needs of the recorder it feeds from (emitters import no recorder)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    def session_states(self) -> Mapping[Any, Mapping[str, int]]: ...
+
+    def server_label(self) -> str: ...
+
+    def add_sink(self, sink: MetricsSink, *, inline: bool = False) -> None: ...
 
 
 @dataclass
@@ -43,7 +57,7 @@ class PrometheusService:
             self.server = None
 
 
-def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve: bool = True) -> PrometheusService:
+def start_prometheus(recorder: Recorder, config: PrometheusConfig, *, serve: bool = True) -> PrometheusService:
     """Feed ``recorder`` into prometheus-client families; with ``serve``, listen on config.host:port.
 
     In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the served registry merges every worker.
@@ -60,7 +74,7 @@ def start_prometheus(recorder: TokenRecorder, config: PrometheusConfig, *, serve
         input_histograms=recorder.config.metrics.input_histograms,
     )
     registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
-    recorder.add_sink(metrics)  # only once everything that can fail has been built
+    recorder.add_sink(metrics, inline=True)  # a dict increment a message; only once everything that can fail is built
     auth = BasicAuth(config.basic_auth_username, config.basic_auth_password) if config.basic_auth_username else None
     service = PrometheusService(metrics, registry, auth)
     if serve:

@@ -6,11 +6,12 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from opentelemetry import metrics, trace
 
+from ..catalog import Family, otel_families, prometheus_families
 from ..config import Config
 from ..recorder import TokenRecorder
 from ..semconv import SCOPE_NAME
@@ -44,8 +45,22 @@ def check_port_free(host: str, port: int, what: str) -> None:
             raise StartupError(f"cannot listen for {what} on {host}:{port}: {exc.strerror or exc}") from None
 
 
+def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """Each proxy family's (label values, value) rows, read from ``stats`` (catalog: emitter "proxy")."""
+    chunks, size = stats.dropped()
+    server = stats.server_name
+    return {
+        "mcp_token_proxy_messages": [((server, direction, kind), value)
+                                     for (direction, kind), value in sorted(list(stats.messages.items()))],
+        "mcp_token_proxy_measurement_dropped_bytes": [((server,), size)],
+        "mcp_token_proxy_measurement_dropped_chunks": [((server,), chunks)],
+        "mcp_token_proxy_oversize_messages": [((server,), stats.oversize)],
+    }
+
+
 class _StatsCollector:
-    """``mcp_token_proxy_*`` families read from :class:`ProxyStats` at scrape time (nothing on the relay path)."""
+    """The catalog's ``mcp_token_proxy_*`` families, read from :class:`ProxyStats` at scrape time (nothing on
+    the relay path)."""
 
     def __init__(self, stats: ProxyStats) -> None:
         self.stats = stats
@@ -54,53 +69,31 @@ class _StatsCollector:
         return []
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.samples import Sample
 
-        s = self.stats
-        messages = CounterMetricFamily(
-            "mcp_token_proxy_messages", "JSON-RPC messages the proxy relayed and measured, by kind.",
-            labels=["server", "direction", "kind"],
-        )
-        for (direction, kind), value in sorted(s.messages.items()):
-            messages.add_metric([s.server_name, direction, kind], value)
-        yield messages
-        chunks, size = s.dropped()
-        dropped = CounterMetricFamily(
-            "mcp_token_proxy_measurement_dropped_bytes",
-            "Bytes relayed but not measured because the measuring queue was full.", labels=["server"],
-        )
-        dropped.add_metric([s.server_name], size)
-        yield dropped
-        dropped_chunks = CounterMetricFamily(
-            "mcp_token_proxy_measurement_dropped_chunks",
-            "Relayed chunks not measured because the measuring queue was full.", labels=["server"],
-        )
-        dropped_chunks.add_metric([s.server_name], chunks)
-        yield dropped_chunks
-        oversize = CounterMetricFamily(
-            "mcp_token_proxy_oversize_messages",
-            "Messages relayed but not measured because they exceed the measuring size limit.", labels=["server"],
-        )
-        oversize.add_metric([s.server_name], s.oversize)
-        yield oversize
+        rows = _stats_rows(self.stats)
+        for family in prometheus_families("proxy"):
+            metric = Metric(family.name, family.help, family.kind)
+            metric.samples += [Sample(family.sample_name, dict(zip(family.labels, values, strict=True)), value)
+                               for values, value in rows[family.name]]
+            yield metric
 
 
 def _otel_counters(stats: ProxyStats) -> None:
+    """The catalog's OpenTelemetry instruments of the proxy, observed from ``stats`` at collection."""
     meter = metrics.get_meter(SCOPE_NAME)
-    server = {"mcp_token.server.name": stats.server_name}
 
-    def messages(_options: Any) -> Iterable[metrics.Observation]:
-        for (direction, kind), value in list(stats.messages.items()):
-            yield metrics.Observation(value, {**server, "mcp_token.proxy.direction": direction,
-                                              "mcp_token.proxy.kind": kind})
+    def observer(family: Family) -> Callable[[Any], Iterable[metrics.Observation]]:
+        def observe(_options: Any) -> Iterable[metrics.Observation]:
+            for values, value in _stats_rows(stats)[family.name]:
+                yield metrics.Observation(value, dict(zip(family.attributes(), values, strict=True)))
 
-    def dropped(_options: Any) -> Iterable[metrics.Observation]:
-        yield metrics.Observation(stats.dropped()[1], server)
+        return observe
 
-    meter.create_observable_counter("mcp_token.proxy.messages", [messages], unit="{message}",
-                                    description="JSON-RPC messages the proxy relayed and measured, by kind.")
-    meter.create_observable_counter("mcp_token.proxy.measurement.dropped", [dropped], unit="By",
-                                    description="Bytes relayed but not measured because the queue was full.")
+    for family in otel_families("proxy"):
+        meter.create_observable_counter(family.otel_name, [observer(family)], unit=family.otel_unit,
+                                        description=family.help)
 
 
 class Telemetry:

@@ -1,0 +1,226 @@
+"""Every metric family this project emits, declared once.
+
+The Prometheus families (the recorder's aggregate collector, the multiprocess families, the proxy's own
+collector), the OpenTelemetry instruments, and the metrics table of docs/instrumentation.md are all built from
+:data:`FAMILIES`. Adding a metric is one entry here plus the call that records it.
+
+A family has a Prometheus name, an OpenTelemetry instrument name, or both (the MCP conventions' duration
+histograms exist on OpenTelemetry alone, one per side; Prometheus has one family with a ``side`` label).
+Label names are the Prometheus ones; :meth:`Family.attributes` gives their OpenTelemetry attribute names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from .semconv import (
+    A_ERROR_TYPE,
+    A_METHOD,
+    A_PROTOCOL,
+    A_RISK_TIER,
+    A_SERVER_NAME,
+    A_SESSION_STATE,
+    A_TOOL,
+    A_TRANSPORT,
+    M_DIRECTION,
+    M_FAMILY,
+    M_GUARD_ACTION,
+    M_GUARD_ENFORCED,
+    M_GUARD_POLICY,
+    M_SCOPE,
+    M_SIDE,
+    M_STAGE,
+    MCP_CLIENT_OPERATION_DURATION,
+    MCP_CLIENT_SESSION_DURATION,
+    MCP_SERVER_OPERATION_DURATION,
+    MCP_SERVER_SESSION_DURATION,
+)
+
+Kind = Literal["counter", "histogram", "gauge"]
+#: Who records a family: the recorder's sinks (emitters/), or the proxy's own counts (proxy/telemetry.py).
+Emitter = Literal["recorder", "proxy"]
+
+#: Powers of 4 from 64 to 1 Mi tokens: the GenAI token usage convention's boundaries without its ends (a
+#: message under 64 tokens needs no finer bucket; 1 Mi is the largest context window on sale, so anything
+#: above it is one "+Inf" case), which keeps /metrics small at 100 tools.
+TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 11))
+#: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
+RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
+#: The MCP conventions' boundaries for the operation and session durations (seconds).
+DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+#: Response sizes in bytes: powers of 8 from 512 B to 2 MiB (five bounds keep the family small at 100 tools).
+BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 8))
+
+#: The label value that series past a family's series cap fold into (see emitters/aggregate.py).
+OVERFLOW_VALUE = "_other"
+
+#: A Prometheus label's OpenTelemetry attribute (a family may override them: Family.otel_attributes).
+LABEL_ATTRIBUTES: dict[str, str] = {
+    "side": M_SIDE,
+    "server": A_SERVER_NAME,
+    "method": A_METHOD,
+    "tool": A_TOOL,
+    "direction": M_DIRECTION,
+    "risk_tier": A_RISK_TIER,
+    "error_type": A_ERROR_TYPE,
+    "state": A_SESSION_STATE,
+    "stage": M_STAGE,
+    "scope": M_SCOPE,
+    "policy": M_GUARD_POLICY,
+    "action": M_GUARD_ACTION,
+    "enforced": M_GUARD_ENFORCED,
+    "transport": A_TRANSPORT,
+    "protocol": A_PROTOCOL,
+    "family": M_FAMILY,
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family. ``name``: the Prometheus name without the ``_total`` a counter's samples take ("" when
+    OpenTelemetry only); ``otel_name``: the instrument ("" when Prometheus only)."""
+
+    name: str
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    otel_name: str = ""
+    otel_unit: str = ""
+    emitter: Emitter = "recorder"
+    #: A counter read from this histogram family's sums at scrape time (no storage of its own).
+    sum_of: str = ""
+    #: Gauges in multiprocess mode: how the workers' values merge (prometheus-client's multiprocess_mode).
+    multiprocess_mode: str = ""
+    #: Only where series are capped in memory (single process); absent from multiprocess output.
+    capped_only: bool = False
+    #: OpenTelemetry attribute names when they differ from LABEL_ATTRIBUTES' (parallel to ``labels``).
+    otel_attributes: tuple[str, ...] = ()
+
+    @property
+    def sample_name(self) -> str:
+        """The name of the family's plain samples (counters take ``_total``)."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+    def attributes(self) -> tuple[str, ...]:
+        """The OpenTelemetry attribute of each label."""
+        return self.otel_attributes or tuple(LABEL_ATTRIBUTES[label] for label in self.labels)
+
+
+_MESSAGE = ("side", "server", "method", "tool", "direction")
+_TIER = ("side", "server", "method", "tool", "risk_tier")
+_CALL = ("side", "server", "method", "tool", "error_type")
+_SESSION = ("side", "server")
+_CONVENTION_CALL = ("server", "method", "tool", "error_type", "transport", "protocol")
+_CONVENTION_SESSION = ("server", "transport", "protocol")
+
+FAMILIES: tuple[Family, ...] = (
+    Family("mcp_token_message_tokens", "histogram", "tokens",
+           "Estimated tokens of one MCP message (input: request params; output: the response).",
+           _MESSAGE, TOKEN_BUCKETS, "mcp_token.message.tokens", "{token}"),
+    Family("mcp_token_tokens", "counter", "tokens", "Estimated tokens of MCP messages.",
+           _MESSAGE, otel_name="mcp_token.tokens", otel_unit="{token}", sum_of="mcp_token_message_tokens"),
+    Family("mcp_token_message_bytes", "histogram", "bytes",
+           "UTF-8 bytes of one MCP response as measured (output messages only).", _MESSAGE, BYTE_BUCKETS),
+    Family("mcp_token_bytes", "counter", "bytes", "UTF-8 bytes of MCP messages.",
+           _MESSAGE, otel_name="mcp_token.bytes", otel_unit="By"),
+    Family("mcp_token_responses", "counter", "messages", "Output messages per risk tier.",
+           _TIER, otel_name="mcp_token.responses", otel_unit="{message}"),
+    Family("mcp_token_risk_breaches", "counter", "messages", "Output messages in the high or critical risk tier.",
+           _TIER, otel_name="mcp_token.risk.breaches", otel_unit="{message}"),
+    Family("mcp_token_call_errors", "counter", "calls",
+           "Calls that ended in a JSON-RPC error (error_type: its code) or an isError result (tool_error).",
+           _CALL, otel_name="mcp_token.call.errors", otel_unit="{call}"),
+    Family("mcp_token_operation_duration_seconds", "histogram", "seconds",
+           "Duration of an MCP request, from the request to its response (the MCP conventions' buckets).",
+           _CALL, DURATION_BUCKETS),
+    Family("mcp_token_overhead_ratio", "histogram", "ratio",
+           "Share of an output message's tokens that is overhead (framing, _meta, duplicated content).",
+           ("side", "server", "method", "tool"), RATIO_BUCKETS, "mcp_token.overhead.ratio", "1"),
+    Family("mcp_token_session_utilization_ratio", "histogram", "ratio",
+           "Share of the context window a session had used when it ended.",
+           _SESSION, UTILIZATION_BUCKETS, "mcp_token.session.utilization", "1"),
+    Family("mcp_token_session_duration_seconds", "histogram", "seconds",
+           "Duration of an MCP session, observed when it ended.", _SESSION, DURATION_BUCKETS),
+    Family("mcp_token_session_transitions", "counter", "sessions",
+           "Sessions entering a context-window budget state.",
+           ("side", "server", "state"), otel_name="mcp_token.session.transitions", otel_unit="{transition}"),
+    Family("mcp_token_tool_definitions_tokens", "gauge", "tokens",
+           "Estimated tokens of a server's tool definitions (its last tools/list result): what every "
+           "conversation pays before the first call.",
+           ("server",), otel_name="mcp_token.tool_definitions.tokens", otel_unit="{token}", multiprocess_mode="max"),
+    Family("mcp_token_tool_definition_tokens", "gauge", "tokens",
+           "Estimated tokens of one tool's definition (tools within the tool-name bound).",
+           ("server", "tool"), otel_name="mcp_token.tool_definition.tokens", otel_unit="{token}",
+           multiprocess_mode="max"),
+    Family("mcp_token_instrumentation_errors", "counter", "errors",
+           "Faults caught inside the instrumentation; the MCP call itself went on.",
+           ("stage", "server"), otel_name="mcp_token.instrumentation.errors", otel_unit="{error}"),
+    Family("mcp_token_guard_actions", "counter", "actions",
+           "Guard actions (truncated, refused, warned, found, stripped, annotated) per policy; enforced=false: "
+           "observe mode, what enforce mode would have done.",
+           ("side", "server", "policy", "action", "enforced", "tool"),
+           otel_name="mcp_token.guard.actions", otel_unit="{action}"),
+    Family("mcp_token_cost_usd", "counter", "USD",
+           "Estimated USD of the results that entered the context (guard.model's input price).",
+           ("side", "server", "tool"), otel_name="mcp_token.cost", otel_unit="USD"),
+    Family("mcp_token_sessions_evicted", "counter", "sessions",
+           "Live sessions whose bookkeeping was dropped, least recently used first, to stay within "
+           "budget.max_sessions.",
+           _SESSION, otel_name="mcp_token.sessions.evicted", otel_unit="{session}"),
+    Family("mcp_token_series_overflow", "counter", "records",
+           "Records folded into a family's overflow series (every label _other) because the family had reached "
+           "its series cap; existing series keep counting.",
+           ("family",), otel_name="mcp_token.series.overflow", otel_unit="{record}", capped_only=True),
+    Family("mcp_token_output_rate_budget_tokens_per_second", "gauge", "tokens per second",
+           "Configured sustained output-token budget, in tokens per second (for alerting).",
+           ("scope", "server"), otel_name="mcp_token.output_rate_budget", otel_unit="{token}/s",
+           multiprocess_mode="max"),
+    Family("mcp_token_sessions", "gauge", "sessions", "Live MCP sessions per context-window budget state.",
+           ("side", "server", "state"), otel_name="mcp_token.sessions", otel_unit="{session}",
+           multiprocess_mode="livesum"),
+    # OpenTelemetry alone: the MCP conventions' durations (one instrument per side, their attributes) and the
+    # deferred OpenTelemetry sink's drops.
+    Family("", "histogram", "seconds", "Duration of an MCP request as the client saw it (client and proxy sides).",
+           _CONVENTION_CALL, DURATION_BUCKETS, MCP_CLIENT_OPERATION_DURATION, "s"),
+    Family("", "histogram", "seconds", "Duration of an MCP request as the server saw it.",
+           _CONVENTION_CALL, DURATION_BUCKETS, MCP_SERVER_OPERATION_DURATION, "s"),
+    Family("", "histogram", "seconds", "Duration of an MCP session as the client saw it, observed when it ended.",
+           _CONVENTION_SESSION, DURATION_BUCKETS, MCP_CLIENT_SESSION_DURATION, "s"),
+    Family("", "histogram", "seconds", "Duration of an MCP session as the server saw it, observed when it ended.",
+           _CONVENTION_SESSION, DURATION_BUCKETS, MCP_SERVER_SESSION_DURATION, "s"),
+    Family("", "counter", "points",
+           "Metric points dropped because the background recorder's queue (100,000 points) was full.",
+           ("server",), otel_name="mcp_token.instrumentation.dropped", otel_unit="{point}"),
+    # The proxy's own counts (read from its ProxyStats at collection).
+    Family("mcp_token_proxy_messages", "counter", "messages",
+           "JSON-RPC messages the proxy relayed and measured, by kind.", ("server", "direction", "kind"),
+           otel_name="mcp_token.proxy.messages", otel_unit="{message}", emitter="proxy",
+           otel_attributes=(A_SERVER_NAME, "mcp_token.proxy.direction", "mcp_token.proxy.kind")),
+    Family("mcp_token_proxy_measurement_dropped_bytes", "counter", "bytes",
+           "Bytes relayed but not measured because the measuring queue was full.", ("server",),
+           otel_name="mcp_token.proxy.measurement.dropped", otel_unit="By", emitter="proxy"),
+    Family("mcp_token_proxy_measurement_dropped_chunks", "counter", "chunks",
+           "Relayed chunks not measured because the measuring queue was full.", ("server",),
+           otel_name="mcp_token.proxy.measurement.dropped_chunks", otel_unit="{chunk}", emitter="proxy"),
+    Family("mcp_token_proxy_oversize_messages", "counter", "messages",
+           "Messages relayed but not measured because they exceed the measuring size limit.", ("server",),
+           otel_name="mcp_token.proxy.oversize_messages", otel_unit="{message}", emitter="proxy"),
+)
+
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES if f.name}
+BY_OTEL_NAME: dict[str, Family] = {f.otel_name: f for f in FAMILIES if f.otel_name}
+
+
+def prometheus_families(emitter: Emitter) -> Iterator[Family]:
+    """The Prometheus families ``emitter`` exposes, in catalog order (the order of the exposition)."""
+    return (f for f in FAMILIES if f.name and f.emitter == emitter)
+
+
+def otel_families(emitter: Emitter) -> Iterator[Family]:
+    """The OpenTelemetry instruments ``emitter`` creates, in catalog order."""
+    return (f for f in FAMILIES if f.otel_name and f.emitter == emitter)
