@@ -1,8 +1,13 @@
 """``instrument()`` / ``uninstrument()`` and the ``opentelemetry-instrument`` entry point.
 
+All instrumentation state (the recorder, the installed adapter shim, the Prometheus service) belongs to one
+object, the :class:`McpTokenInstrumentor` instance: ``BaseInstrumentor`` makes the class a singleton, so
+``McpTokenInstrumentor()`` is the same object everywhere, and the module functions here are thin calls into it.
+Either entry point may instrument or uninstrument, in any order, with the same result.
+
 The adapter is chosen by feature detection, not by version string: ``mcp.shared.dispatcher`` exists only
-in mcp 2.x, ``mcp.shared.session`` only in 1.x. An adapter module exposes ``install(recorder)``,
-``uninstall()`` and ``instrument_server(server)``.
+in mcp 2.x, ``mcp.shared.session`` only in 1.x. An adapter module exposes ``install(recorder)``, which hooks
+the SDK and returns the shim (``uninstall()``, ``instrument_server(server)``) that this instance then owns.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor  # type: ignore[attr-defined]
 
@@ -22,11 +27,10 @@ from .config import Config, ConfigError, load_config
 from .core.estimators import EstimatorUnavailable
 from .recorder import TokenRecorder
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from .adapters._common import Shim
 
-_lock = threading.Lock()
-_state: tuple[TokenRecorder, Any] | None = None  # (recorder, adapter module)
-_prometheus: Any = None  # the PrometheusService, once prometheus.enabled or metrics_app() asked for it
+logger = logging.getLogger(__name__)
 
 
 def _has_module(name: str) -> bool:
@@ -45,61 +49,146 @@ def detect_adapter() -> str | None:
     return None
 
 
-def instrument(
-    config: Config | None = None,
-    *,
-    tracer_provider: Any = None,
-    meter_provider: Any = None,
-) -> TokenRecorder | None:
-    """Instrument the installed mcp SDK; idempotent (a second call returns the active recorder).
+class McpTokenInstrumentor(BaseInstrumentor):
+    """The one owner of the instrumentation (and the ``opentelemetry-instrument`` entry point, group
+    ``opentelemetry_instrumentor``).
 
-    ``config`` defaults to ``load_config()`` (``MCP_TOKEN_OTEL_*`` variables and file). Providers default
-    to the global ones; with ``otel.configure`` true, OTLP exporters are set up first from OTEL_*.
-    Returns the recorder, or None when no supported mcp SDK is installed or it cannot be hooked.
-
-    A bad configuration raises ``ConfigError`` naming the key: the caller can fix it. Anything else is all or
-    nothing and never raises into the application: an optional part that fails (OTLP set-up, the Prometheus
-    sink or its server) is logged in one line and skipped; a failure to hook the SDK restores it and
-    returns None. (Under ``opentelemetry-instrument`` a bad configuration is one log line too; see
-    ``McpTokenInstrumentor``.)
+    ``instrument(config=..., tracer_provider=..., meter_provider=...)`` hooks the SDK and returns the
+    :class:`TokenRecorder`; all arguments are optional, as the launcher calls it without any. A second call logs
+    "already instrumented" and changes nothing; ``uninstrument()`` restores the SDK exactly. A bad configuration
+    is one error line and nothing instrumented, unless ``raise_errors=True`` (what ``mcp_token_otel.instrument()``
+    passes) asks for the exception.
     """
-    global _state, _prometheus
-    with _lock:
-        if _state is not None:
-            return _state[0]
-        config = config if config is not None else load_config()
+
+    _lock = threading.RLock()  # instrument/uninstrument/metrics_app from any thread: one at a time
+    _recorder: TokenRecorder | None = None
+    _shim: Shim | None = None
+    _prometheus: Any = None  # the PrometheusService, once prometheus.enabled or metrics_app() asked for it
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("mcp >= 1.20",)
+
+    @property
+    def recorder(self) -> TokenRecorder | None:
+        """The active recorder, or None when not instrumented."""
+        return self._recorder
+
+    def instrument(self, **kwargs: Any) -> Any:
+        with self._lock:
+            result = super().instrument(**kwargs)
+            # BaseInstrumentor counts an attempt that hooked nothing (no SDK, bad configuration) as instrumented;
+            # the flag says whether the SDK is hooked, so a later call can try again.
+            self._is_instrumented_by_opentelemetry = self._recorder is not None
+            return result
+
+    def uninstrument(self, **kwargs: Any) -> Any:
+        with self._lock:
+            return super().uninstrument(**kwargs)
+
+    def _instrument(self, **kwargs: Any) -> TokenRecorder | None:
+        try:
+            config = kwargs.get("config")
+            return self._start(
+                config if config is not None else load_config(),
+                kwargs.get("tracer_provider"),
+                kwargs.get("meter_provider"),
+            )
+        except Exception as exc:
+            if kwargs.get("raise_errors"):
+                raise
+            # Under opentelemetry-instrument nobody can catch it (the launcher logs a traceback and goes on).
+            if isinstance(exc, ConfigError):
+                logger.error("mcp_token_otel: not instrumenting, bad configuration: %s", exc)
+            else:  # e.g. an estimator whose extra is not installed
+                logger.error("mcp_token_otel: not instrumenting: %s", exc)
+            return None
+
+    def _start(self, config: Config, tracer_provider: Any, meter_provider: Any) -> TokenRecorder | None:
+        """Sinks first, hooks last: once the SDK is hooked nothing else can fail half-way."""
         if config.otel.configure:
             _configure_otel(config)
-        name = detect_adapter()
-        if name is None:
-            logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
-            return None
-        try:
-            adapter = importlib.import_module(name)
-        except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
-            logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
+        adapter = _load_adapter()
+        if adapter is None:
             return None
         try:
             recorder = TokenRecorder(config, tracer_provider, meter_provider)
         except EstimatorUnavailable as exc:  # the configuration names an estimator whose extra is missing
             raise ConfigError(f"config key 'estimator': {exc}") from None
-        # Sinks first, hooks last: once the SDK is patched nothing else can fail half-way.
         service = _new_prometheus(recorder, serve=True) if config.prometheus.enabled else None
         try:
-            adapter.install(recorder)
+            shim = adapter.install(recorder)  # all or nothing: a failure has restored the SDK already
         except Exception:
             logger.warning("mcp_token_otel: cannot hook the mcp SDK; nothing instrumented", exc_info=True)
-            with contextlib.suppress(Exception):
-                adapter.uninstall()  # restore whatever was patched before the failure
-            with contextlib.suppress(Exception):
-                recorder.close()
-            if service is not None:
-                with contextlib.suppress(Exception):
-                    service.close()
+            for closable in (recorder, service):
+                if closable is not None:
+                    with contextlib.suppress(Exception):
+                        closable.close()
             return None
-        _state = (recorder, adapter)
-        _prometheus = service
+        self._recorder, self._shim, self._prometheus = recorder, shim, service
         return recorder
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        recorder, shim, service = self._recorder, self._shim, self._prometheus
+        self._recorder = self._shim = self._prometheus = None
+        if shim is not None:
+            shim.uninstall()
+        if recorder is not None:
+            recorder.close()
+        if service is not None:
+            service.close()
+
+    def instrument_once(
+        self, config: Config | None = None, *, tracer_provider: Any = None, meter_provider: Any = None
+    ) -> TokenRecorder | None:
+        """The active recorder, instrumenting first when nothing is (what ``mcp_token_otel.instrument()`` does):
+        no "already instrumented" warning, no dependency check, and a bad configuration raises."""
+        with self._lock:
+            if self._recorder is None:
+                self.instrument(config=config, tracer_provider=tracer_provider, meter_provider=meter_provider,
+                                skip_dep_check=True, raise_errors=True)
+            return self._recorder
+
+    def uninstrument_if_active(self) -> None:
+        """``uninstrument()`` without the "already uninstrumented" warning when nothing is instrumented."""
+        with self._lock:
+            if self.is_instrumented_by_opentelemetry:
+                self.uninstrument()
+
+    def instrument_server(self, server: Any) -> None:
+        shim = self._shim
+        if shim is None:
+            logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
+            return
+        shim.instrument_server(server)
+
+    def prometheus_service(self) -> Any:
+        return self._prometheus
+
+    def metrics_app(self, kind: str = "asgi") -> Any:
+        with self._lock:
+            if self._recorder is None:
+                raise RuntimeError("metrics_app() needs instrument() first")
+            if self._prometheus is None:
+                self._prometheus = _new_prometheus(self._recorder, serve=False)
+            service = self._prometheus
+        if service is None:
+            raise RuntimeError("metrics_app(): the Prometheus sink cannot be set up (see the error logged above)")
+        if kind not in ("asgi", "wsgi"):
+            raise ValueError(f"kind: expected 'asgi' or 'wsgi', got {kind!r}")
+        return service.asgi_app() if kind == "asgi" else service.wsgi_app()
+
+
+def _load_adapter() -> Any:
+    """The adapter module for the installed SDK, or None (logged) when there is none or it cannot load."""
+    name = detect_adapter()
+    if name is None:
+        logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
+        logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
+        return None
 
 
 def _configure_otel(config: Config) -> None:
@@ -124,76 +213,46 @@ def _new_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
         return None
 
 
-def _start_prometheus(recorder: TokenRecorder, *, serve: bool) -> Any:
-    global _prometheus
-    if _prometheus is None:
-        _prometheus = _new_prometheus(recorder, serve=serve)
-    return _prometheus
+def instrument(
+    config: Config | None = None,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+) -> TokenRecorder | None:
+    """Instrument the installed mcp SDK; idempotent (a second call returns the active recorder).
+
+    ``config`` defaults to ``load_config()`` (``MCP_TOKEN_OTEL_*`` variables and file). Providers default
+    to the global ones; with ``otel.configure`` true, OTLP exporters are set up first from OTEL_*.
+    Returns the recorder, or None when no supported mcp SDK is installed or it cannot be hooked.
+
+    A bad configuration raises ``ConfigError`` naming the key: the caller can fix it. Anything else is all or
+    nothing and never raises into the application: an optional part that fails (OTLP set-up, the Prometheus
+    sink or its server) is logged in one line and skipped; a failure to hook the SDK restores it and
+    returns None. (Under ``opentelemetry-instrument`` a bad configuration is one log line too; see
+    ``McpTokenInstrumentor``.) Instrumenting through ``McpTokenInstrumentor().instrument()`` is the same.
+    """
+    return McpTokenInstrumentor().instrument_once(
+        config, tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
+
+
+def uninstrument() -> None:
+    """Restore the SDK exactly; sessions that exist keep working, without measurement. A no-op when nothing
+    is instrumented."""
+    McpTokenInstrumentor().uninstrument_if_active()
+
+
+def instrument_server(server: Any) -> None:
+    """Instrument a server object built before ``instrument()``."""
+    McpTokenInstrumentor().instrument_server(server)
 
 
 def prometheus_service() -> Any:
     """The running Prometheus service (its ``server.url``, registry and apps), or None."""
-    return _prometheus
+    return McpTokenInstrumentor().prometheus_service()
 
 
 def metrics_app(kind: str = "asgi") -> Any:
     """/metrics of the active instrumentation as an ASGI (default) or WSGI app, to mount in a web server
     you already run (e.g. next to an MCP streamable-HTTP app). Call after ``instrument()``."""
-    with _lock:
-        if _state is None:
-            raise RuntimeError("metrics_app() needs instrument() first")
-        service = _start_prometheus(_state[0], serve=False)
-    if service is None:
-        raise RuntimeError("metrics_app(): the Prometheus sink cannot be set up (see the error logged above)")
-    if kind not in ("asgi", "wsgi"):
-        raise ValueError(f"kind: expected 'asgi' or 'wsgi', got {kind!r}")
-    return service.asgi_app() if kind == "asgi" else service.wsgi_app()
-
-
-def uninstrument() -> None:
-    """Restore the SDK exactly; sessions that exist keep working, without measurement."""
-    global _state
-    with _lock:
-        if _state is None:
-            return
-        global _prometheus
-        recorder, adapter = _state
-        _state = None
-        adapter.uninstall()
-        recorder.close()
-        if _prometheus is not None:
-            _prometheus.close()
-            _prometheus = None
-
-
-def instrument_server(server: Any) -> None:
-    """Instrument a server object built before ``instrument()``."""
-    if _state is None:
-        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
-        return
-    _state[1].instrument_server(server)
-
-
-class McpTokenInstrumentor(BaseInstrumentor):  # type: ignore[misc]
-    """``opentelemetry-instrument`` entry point (group ``opentelemetry_instrumentor``)."""
-
-    def instrumentation_dependencies(self) -> Collection[str]:
-        return ("mcp >= 1.20",)
-
-    def _instrument(self, **kwargs: Any) -> None:
-        # Nobody can catch an exception here (the launcher logs a traceback and goes on): a bad
-        # configuration is one error line and nothing is instrumented.
-        try:
-            config = kwargs.get("config") or load_config()
-            instrument(
-                config,
-                tracer_provider=kwargs.get("tracer_provider"),
-                meter_provider=kwargs.get("meter_provider"),
-            )
-        except ConfigError as exc:
-            logger.error("mcp_token_otel: not instrumenting, bad configuration: %s", exc)
-        except Exception as exc:  # e.g. an estimator whose extra is not installed
-            logger.error("mcp_token_otel: not instrumenting: %s", exc)
-
-    def _uninstrument(self, **kwargs: Any) -> None:
-        uninstrument()
+    return McpTokenInstrumentor().metrics_app(kind)

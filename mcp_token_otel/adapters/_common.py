@@ -1,43 +1,79 @@
-"""What both SDK adapters need: exact patching and restoring, and small helpers over wire data and spans."""
+"""What both SDK adapters need: hooking the SDK with wrapt and removing only our own hooks again, and small
+helpers over wire data and spans."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Any
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
+import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
-#: Marker attribute on everything the shim installs (wrappers, middleware), so nothing is wrapped twice.
+logger = logging.getLogger(__name__)
+
+#: Marker attribute on what the shim adds to SDK objects (its server middleware, its state on a request), so
+#: that nothing is added twice.
 MARK = "_mcp_token_otel"
-_MISSING = object()
+
+#: A wrapt wrapper: ``(wrapped, instance, args, kwargs) -> result``.
+Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-class Patches:
-    """Attributes replaced on SDK classes and modules, restored verbatim and in reverse order."""
+class Hooks:
+    """The SDK attributes an adapter wraps (wrapt ``FunctionWrapper``s, on class methods, ``__init__`` and module
+    functions alike). ``remove`` takes out only our own wrappers: one another library added over ours later stays
+    in place and keeps working, and an attribute nobody else touched is restored to its original object."""
 
     def __init__(self) -> None:
-        self._originals: list[tuple[Any, str, Any]] = []
+        self._handles: list[tuple[Any, str, Any]] = []
 
-    def patch(self, owner: Any, name: str, replacement: Any) -> None:
-        # vars(): the attribute as the owner itself holds it (never an inherited one), restored verbatim.
-        original = vars(owner).get(name, _MISSING)
-        if getattr(original, MARK, False):
-            return  # already ours (a stale install): never wrap a wrapper
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(replacement, MARK, True)
-        self._originals.append((owner, name, original))
-        setattr(owner, name, replacement)
+    def wrap(self, owner: Any, name: str, wrapper: Wrapper) -> None:
+        self._handles.append((owner, name, wrapt.wrap_function_wrapper(owner, name, wrapper)))
 
-    def restore(self) -> None:
-        for owner, name, original in reversed(self._originals):
-            if original is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, original)
-        self._originals.clear()
+    def remove(self) -> None:
+        for owner, name, handle in reversed(self._handles):
+            try:  # missing_ok: an attribute someone replaced wholesale no longer holds our wrapper
+                wrapt.unwrap_object(owner, name, handle, missing_ok=True)
+            except wrapt.WrapperNotOutermostError:
+                # A plain (non-wrapt) wrapper sits over ours and cannot be relinked: ours stays in its chain, and
+                # its shim, inactive from now on, passes every call straight through.
+                logger.debug("mcp_token_otel: %r.%s is wrapped over ours; left as a pass-through", owner, name)
+        self._handles.clear()
+
+
+class Shim(Protocol):
+    """What an adapter's ``install(recorder)`` returns to its one owner, the instrumentor."""
+
+    def install(self) -> None:
+        """Hook the SDK."""
+
+    def uninstall(self) -> None:
+        """Restore the SDK; sessions that exist keep working, unmeasured."""
+
+    def instrument_server(self, server: Any) -> None:
+        """Instrument a server object built before ``install``."""
+
+
+_S = TypeVar("_S", bound=Shim)
+
+
+def installed(shim: _S) -> _S:
+    """``shim`` with its hooks in place; all or nothing: a failure restores what was hooked, then raises."""
+    try:
+        shim.install()
+    except Exception:
+        shim.uninstall()
+        raise
+    return shim
+
+
+def argument(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+    """A wrapped call's argument, passed by position or by keyword."""
+    return args[index] if len(args) > index else kwargs.get(name)
 
 
 def is_mcp_span(span: Span, kind: SpanKind, method: str) -> bool:
@@ -78,31 +114,6 @@ def detach(token: Any) -> None:
     if token is not None:
         with contextlib.suppress(Exception):
             otel_context.detach(token)
-
-
-class ShimSlot:
-    """The one installed shim of an adapter module: ``install`` twice returns it, and a failed install
-    restores whatever it had patched before failing."""
-
-    def __init__(self, build: Any) -> None:
-        self._build = build
-        self.shim: Any = None
-
-    def install(self, recorder: Any) -> Any:
-        if self.shim is None:
-            shim = self._build(recorder)
-            try:
-                shim.install()
-            except Exception:
-                shim.uninstall()
-                raise
-            self.shim = shim
-        return self.shim
-
-    def uninstall(self) -> None:
-        if self.shim is not None:
-            self.shim.uninstall()
-            self.shim = None
 
 
 class PendingEvents:

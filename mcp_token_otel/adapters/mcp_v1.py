@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 import threading
 import time
@@ -61,7 +60,7 @@ from ..core.measure import called_tool
 from ..recorder import Side, TokenRecorder
 from ..semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ._common import MARK as _MARK
-from ._common import Patches, ShimSlot, detach, extract_parent, is_mcp_span, wire_dict
+from ._common import Hooks, argument, detach, extract_parent, installed, is_mcp_span, wire_dict
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +113,6 @@ class _Injected:
                 return None
             del self._entries[value]
         return entry
-
 
 
 @dataclass
@@ -177,16 +175,12 @@ def _side_of(session: Any) -> Side | None:
     return None  # some other BaseSession subclass: left alone
 
 
-
-
-
 def _header_session_id(responder: Any) -> str | None:
     """The request's ``mcp-session-id`` header (streamable HTTP: a Starlette Request in the metadata)."""
     request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
     headers = getattr(request, "headers", None)
     value = headers.get(_SESSION_HEADER) if headers is not None else None
     return value if isinstance(value, str) and value else None
-
 
 
 @contextlib.asynccontextmanager
@@ -221,85 +215,84 @@ class V1Shim:
     def __init__(self, recorder: TokenRecorder) -> None:
         self.recorder = recorder
         self.active = False
-        self._patches = Patches()
+        self._hooks = Hooks()
         self._sessions: weakref.WeakKeyDictionary[Any, _SessionInfo] = weakref.WeakKeyDictionary()
         self._propagate = recorder.config.spans.propagate_context
         self._injected = _Injected()
 
     # -------------------------------------------------------------- install / uninstall
 
-    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._patches.patch(owner, name, replacement)
-
     def install(self) -> None:
-        self._patch(BaseSession, "__init__", self._wrap_session_init(BaseSession.__init__))
-        self._patch(BaseSession, "__aexit__", self._wrap_session_aexit(BaseSession.__aexit__))
-        self._patch(BaseSession, "send_request", self._wrap_send_request(BaseSession.send_request))
-        self._patch(BaseSession, "send_notification", self._wrap_send_notification(BaseSession.send_notification))
+        hooks = self._hooks
+        hooks.wrap(BaseSession, "__init__", self._session_init)
+        hooks.wrap(BaseSession, "__aexit__", self._session_aexit)
+        hooks.wrap(BaseSession, "send_request", self._send_request)
+        hooks.wrap(BaseSession, "send_notification", self._send_notification)
         for cls in (ClientSession, ServerSession):
-            received = vars(cls).get("_received_notification")
-            if received is not None:
-                self._patch(cls, "_received_notification", self._wrap_received_notification(received))
-        self._patch(RequestResponder, "__init__", self._wrap_responder_init(RequestResponder.__init__))
-        self._patch(RequestResponder, "__enter__", self._wrap_enter(RequestResponder.__enter__))
-        self._patch(RequestResponder, "__exit__", self._wrap_exit(RequestResponder.__exit__))
-        self._patch(RequestResponder, "respond", self._wrap_respond(RequestResponder.respond))
-        self._patch(LowLevelServer, "_handle_request", self._wrap_handle_request(LowLevelServer._handle_request))
+            if "_received_notification" in vars(cls):  # the class's own (never turn an inherited one into one)
+                hooks.wrap(cls, "_received_notification", self._received_notification)
+        hooks.wrap(RequestResponder, "__init__", self._responder_init)
+        hooks.wrap(RequestResponder, "__enter__", self._enter)
+        hooks.wrap(RequestResponder, "__exit__", self._exit)
+        hooks.wrap(RequestResponder, "respond", self._respond)
+        hooks.wrap(LowLevelServer, "_handle_request", self._handle_request)
         self._install_transport_hooks()
         self.active = True
 
     def _install_transport_hooks(self) -> None:
-        http_init = StreamableHTTPTransport.__init__
-        spawn = client_stdio._create_platform_compatible_process
-        http_connect = StreamableHTTPServerTransport.connect
-        sse_connect = SseServerTransport.connect_sse
+        hooks = self._hooks
         stdio_server = server_stdio.stdio_server
-        memory_streams = shared_memory.create_client_server_memory_streams
-
-        @functools.wraps(memory_streams)
-        def patched_memory_streams(*args: Any, **kwargs: Any) -> Any:
-            return _in_process(memory_streams(*args, **kwargs))
-
-        @functools.wraps(http_init)
-        def patched_http_init(transport: StreamableHTTPTransport, *args: Any, **kwargs: Any) -> None:
-            http_init(transport, *args, **kwargs)
-            _CLIENT_TRANSPORT.set(("tcp", transport))
-
-        @functools.wraps(spawn)
-        async def patched_spawn(*args: Any, **kwargs: Any) -> Any:
-            process = await spawn(*args, **kwargs)
-            _CLIENT_TRANSPORT.set(("pipe", None))
-            return process
-
-        @functools.wraps(http_connect)
-        def patched_http_connect(transport: StreamableHTTPServerTransport, *args: Any, **kwargs: Any) -> Any:
-            return _with_transport(_SERVER_TRANSPORT, ("tcp", transport), http_connect(transport, *args, **kwargs))
-
-        @functools.wraps(sse_connect)
-        def patched_sse_connect(transport: SseServerTransport, *args: Any, **kwargs: Any) -> Any:
-            return _with_transport(_SERVER_TRANSPORT, ("tcp", None), sse_connect(transport, *args, **kwargs))
-
-        @functools.wraps(stdio_server)
-        def patched_stdio_server(*args: Any, **kwargs: Any) -> Any:
-            return _with_transport(_SERVER_TRANSPORT, ("pipe", None), stdio_server(*args, **kwargs))
-
-        self._patch(StreamableHTTPTransport, "__init__", patched_http_init)
-        self._patch(client_stdio, "_create_platform_compatible_process", patched_spawn)
-        self._patch(StreamableHTTPServerTransport, "connect", patched_http_connect)
-        self._patch(SseServerTransport, "connect_sse", patched_sse_connect)
-        self._patch(server_stdio, "stdio_server", patched_stdio_server)
-        self._patch(shared_memory, "create_client_server_memory_streams", patched_memory_streams)
+        hooks.wrap(StreamableHTTPTransport, "__init__", self._http_init)
+        hooks.wrap(client_stdio, "_create_platform_compatible_process", self._spawn)
+        hooks.wrap(StreamableHTTPServerTransport, "connect", self._http_connect)
+        hooks.wrap(SseServerTransport, "connect_sse", self._sse_connect)
+        hooks.wrap(server_stdio, "stdio_server", self._stdio_server)
+        hooks.wrap(shared_memory, "create_client_server_memory_streams", self._memory_streams)
         try:  # FastMCP.run_stdio_async looks stdio_server up in its own module
             import mcp.server.fastmcp.server as fastmcp_module
-
-            if getattr(fastmcp_module, "stdio_server", None) is stdio_server:
-                self._patch(fastmcp_module, "stdio_server", patched_stdio_server)
         except ImportError:
             pass
+        else:
+            if getattr(fastmcp_module, "stdio_server", None) is stdio_server:
+                hooks.wrap(fastmcp_module, "stdio_server", self._stdio_server)
 
     def uninstall(self) -> None:
         self.active = False
-        self._patches.restore()
+        self._hooks.remove()
+
+    def instrument_server(self, server: Any) -> None:
+        """Nothing to do on mcp 1.x: the hooks are on the session classes, so every server is covered."""
+
+    # -------------------------------------------------------------- transports
+    # Each hook is a wrapt wrapper, (wrapped, instance, args, kwargs); once uninstalled (``active`` false) a hook
+    # still reachable through a wrapper another library put over ours passes the call straight through.
+
+    def _memory_streams(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        streams = wrapped(*args, **kwargs)
+        return _in_process(streams) if self.active else streams
+
+    def _http_init(self, wrapped: Any, transport: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
+            _CLIENT_TRANSPORT.set(("tcp", transport))
+
+    async def _spawn(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        process = await wrapped(*args, **kwargs)
+        if self.active:
+            _CLIENT_TRANSPORT.set(("pipe", None))
+        return process
+
+    def _http_connect(self, wrapped: Any, transport: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        streams = wrapped(*args, **kwargs)
+        return _with_transport(_SERVER_TRANSPORT, ("tcp", transport), streams) if self.active else streams
+
+    def _sse_connect(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        streams = wrapped(*args, **kwargs)
+        return _with_transport(_SERVER_TRANSPORT, ("tcp", None), streams) if self.active else streams
+
+    def _stdio_server(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        streams = wrapped(*args, **kwargs)
+        return _with_transport(_SERVER_TRANSPORT, ("pipe", None), streams) if self.active else streams
 
     # -------------------------------------------------------------- sessions
 
@@ -353,61 +346,35 @@ class V1Shim:
                 info.key = None  # stateless streamable HTTP: a session per request is no session; no budget
         self._sessions[session] = info
 
-    def _wrap_session_init(self, original: Callable[..., None]) -> Callable[..., None]:
-        shim = self
-
-        @functools.wraps(original)
-        def patched_init(session: BaseSession[Any, Any, Any, Any, Any], *args: Any, **kwargs: Any) -> None:
-            original(session, *args, **kwargs)
-            if shim.active:
-                try:
-                    shim._new_session(session)
-                except Exception:
-                    shim.recorder.fault("install")
-
-        return patched_init
-
-    def _wrap_session_aexit(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def patched_aexit(session: BaseSession[Any, Any, Any, Any, Any], *exc: Any) -> Any:
+    def _session_init(self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
             try:
-                return await original(session, *exc)
-            finally:
-                # The receive loop has stopped: the session is over (closing it on GC would depend on
-                # reference cycles; this does not).
-                info = shim._sessions.get(session)
-                if info is not None:
-                    shim._end_session(info)
+                self._new_session(session)
+            except Exception:
+                self.recorder.fault("install")
 
-        return patched_aexit
+    async def _session_aexit(self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            # The receive loop has stopped: the session is over (closing it on GC would depend on
+            # reference cycles; this does not).
+            info = self._sessions.get(session)
+            if info is not None:
+                self._end_session(info)
 
     # -------------------------------------------------------------- outbound
 
-    def _wrap_send_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def patched_send_request(
-            session: BaseSession[Any, Any, Any, Any, Any], request: Any, result_type: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            info = shim._safe_info(session) if shim.active else None
-            if info is None:
-                return await original(session, request, result_type, *args, **kwargs)
-            return await shim._outbound_request(original, session, info, request, result_type, args, kwargs)
-
-        return patched_send_request
+    async def _send_request(self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        info = self._safe_info(session) if self.active else None
+        if info is None:
+            return await wrapped(*args, **kwargs)
+        return await self._outbound_request(wrapped, session, info, *args, **kwargs)
 
     async def _outbound_request(
-        self,
-        original: Callable[..., Any],
-        session: Any,
-        info: _SessionInfo,
-        request: Any,
-        result_type: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, send: Callable[..., Any], session: Any, info: _SessionInfo, request: Any, result_type: Any,
+        *args: Any, **kwargs: Any,
     ) -> Any:
         rec = self.recorder
         side, key = info.side, info.key
@@ -459,7 +426,7 @@ class V1Shim:
                 rec.record_output(span, side, method, tool, result=refusal, session_id=key, started=started)
                 return answer
             try:
-                result = await original(session, request, result_type, *args, **kwargs)
+                result = await send(request, result_type, *args, **kwargs)
             except McpError as exc:
                 rec.record_output(span, side, method, tool, error=exc.error, session_id=key, started=started)
                 raise
@@ -543,18 +510,12 @@ class V1Shim:
         detach(token)
         self.recorder.end_span(own)
 
-    def _wrap_send_notification(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def patched_send_notification(
-            session: BaseSession[Any, Any, Any, Any, Any], notification: Any, *args: Any, **kwargs: Any
-        ) -> Any:
-            if shim.active:
-                shim._measure_notification(session, notification)
-            return await original(session, notification, *args, **kwargs)
-
-        return patched_send_notification
+    async def _send_notification(
+        self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if self.active:
+            self._measure_notification(session, argument(args, kwargs, 0, "notification"))
+        return await wrapped(*args, **kwargs)
 
     def _measure_notification(self, session: Any, notification: Any) -> None:
         """A notification's params, on the metrics only (no span, never on a budget)."""
@@ -569,23 +530,20 @@ class V1Shim:
             return
         self.recorder.record_input(None, side, method, params)
 
-    def _wrap_received_notification(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def patched_received_notification(session: Any, notification: Any, *args: Any, **kwargs: Any) -> Any:
-            if not shim.active:
-                return await original(session, notification, *args, **kwargs)
-            if isinstance(session, ClientSession):
-                shim._measure_notification(session, notification)
-                return await original(session, notification, *args, **kwargs)
-            span = shim._notification_span(session, notification)
-            try:
-                return await original(session, notification, *args, **kwargs)
-            finally:
-                shim.recorder.end_span(span)
-
-        return patched_received_notification
+    async def _received_notification(
+        self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if not self.active:
+            return await wrapped(*args, **kwargs)
+        notification = argument(args, kwargs, 0, "notification")
+        if isinstance(session, ClientSession):
+            self._measure_notification(session, notification)
+            return await wrapped(*args, **kwargs)
+        span = self._notification_span(session, notification)
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            self.recorder.end_span(span)
 
     def _notification_span(self, session: Any, notification: Any) -> Span | None:
         """Server side: a SERVER span for an inbound notification, as the 2.x SDK opens one."""
@@ -620,19 +578,13 @@ class V1Shim:
         version = getattr(client_params, "protocolVersion", None)
         return str(version) if version is not None else None
 
-    def _wrap_responder_init(self, original: Callable[..., None]) -> Callable[..., None]:
-        shim = self
-
-        @functools.wraps(original)
-        def patched_init(responder: RequestResponder[Any, Any], *args: Any, **kwargs: Any) -> None:
-            original(responder, *args, **kwargs)
-            if shim.active:
-                try:
-                    shim._take_injected(responder)
-                except Exception:
-                    shim.recorder.fault("span")
-
-        return patched_init
+    def _responder_init(self, wrapped: Any, responder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
+            try:
+                self._take_injected(responder)
+            except Exception:
+                self.recorder.fault("span")
 
     def _take_injected(self, responder: Any) -> None:
         """Before the session hands the request to anyone: the trace context this shim injected becomes the
@@ -653,20 +605,14 @@ class V1Shim:
             for key in carrier:
                 meta.__pydantic_extra__.pop(key, None)
 
-    def _wrap_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        def patched_enter(responder: RequestResponder[Any, Any]) -> Any:
-            entered = original(responder)
-            if shim.active and getattr(responder, _MARK, None) is None:
-                try:
-                    shim._open_inbound(responder)
-                except Exception:
-                    shim.recorder.fault("span")
-            return entered
-
-        return patched_enter
+    def _enter(self, wrapped: Any, responder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        entered = wrapped(*args, **kwargs)
+        if self.active and getattr(responder, _MARK, None) is None:
+            try:
+                self._open_inbound(responder)
+            except Exception:
+                self.recorder.fault("span")
+        return entered
 
     def _open_inbound(self, responder: Any) -> None:
         """Runs in the handler's task (``with responder:``), so attaching here is what the handler sees."""
@@ -739,38 +685,28 @@ class V1Shim:
             except Exception:
                 rec.fault("guard")  # the call goes on as if allowed
 
-    def _wrap_handle_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
+    async def _handle_request(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        message = argument(args, kwargs, 0, "message")
+        state = getattr(message, _MARK, None)
+        refusal = state.refusal if self.active and isinstance(state, _InboundState) else None
+        if refusal is None:
+            return await wrapped(*args, **kwargs)
+        # A guard refused this tools/call: answer with its tool error result; the handler never runs.
+        state.refusal = None
+        state.refused = True
+        try:
+            await message.respond(refusal)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            logger.debug("mcp_token_otel: refusal for %s dropped - transport closed", message.request_id)
+        return None
 
-        @functools.wraps(original)
-        async def patched_handle_request(server: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
-            state = getattr(message, _MARK, None)
-            refusal = state.refusal if shim.active and isinstance(state, _InboundState) else None
-            if refusal is None:
-                return await original(server, message, *args, **kwargs)
-            # A guard refused this tools/call: answer with its tool error result; the handler never runs.
-            state.refusal = None
-            state.refused = True
-            try:
-                await message.respond(refusal)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                logger.debug("mcp_token_otel: refusal for %s dropped - transport closed", message.request_id)
-            return None
-
-        return patched_handle_request
-
-    def _wrap_respond(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def patched_respond(responder: RequestResponder[Any, Any], response: Any) -> Any:
-            state = getattr(responder, _MARK, None)
-            if shim.active and isinstance(state, _InboundState) and not state.responded:
-                state.responded = True
-                response = shim._measure_response(state, response)
-            return await original(responder, response)
-
-        return patched_respond
+    async def _respond(self, wrapped: Any, responder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        state = getattr(responder, _MARK, None)
+        if self.active and isinstance(state, _InboundState) and not state.responded:
+            state.responded = True
+            response = self._measure_response(state, argument(args, kwargs, 0, "response"))
+            return await wrapped(response)
+        return await wrapped(*args, **kwargs)
 
     def _measure_response(self, state: _InboundState, response: Any) -> Any:
         """Record the response; returns what to send (the guard's result, re-validated, when it changed)."""
@@ -814,19 +750,13 @@ class V1Shim:
             self.recorder.fault("guard")
             return original
 
-    def _wrap_exit(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        def patched_exit(responder: RequestResponder[Any, Any], *exc: Any) -> Any:
-            try:
-                return original(responder, *exc)
-            finally:
-                state = getattr(responder, _MARK, None)
-                if isinstance(state, _InboundState):
-                    shim._close_inbound(responder, state, exc[1] if len(exc) > 1 else None)
-
-        return patched_exit
+    def _exit(self, wrapped: Any, responder: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            state = getattr(responder, _MARK, None)
+            if isinstance(state, _InboundState):
+                self._close_inbound(responder, state, args[1] if len(args) > 1 else None)
 
     def _close_inbound(self, responder: Any, state: _InboundState, exc: BaseException | None) -> None:
         rec = self.recorder
@@ -842,15 +772,10 @@ class V1Shim:
         state.span = None
 
 
-_slot = ShimSlot(V1Shim)
-#: Patch the SDK for a recorder (at most one shim is active) / restore it exactly.
-install = _slot.install
-uninstall = _slot.uninstall
+def install(recorder: TokenRecorder) -> V1Shim:
+    """Hook mcp 1.x for ``recorder``; all or nothing. The caller owns the shim: its ``uninstall()`` restores the
+    SDK."""
+    return installed(V1Shim(recorder))
 
 
-def instrument_server(server: Any) -> None:
-    """Nothing to do on mcp 1.x: the hooks are on the session classes, so every server is covered."""
-    if _slot.shim is None:
-        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
-
-__all__ = ["V1Shim", "install", "instrument_server", "uninstall"]
+__all__ = ["V1Shim", "install"]

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import mcp.client.stdio as client_stdio
@@ -53,21 +52,22 @@ from ..recorder import Side, TokenRecorder
 from ..semconv import A_PROTOCOL, A_SESSION_ID, A_TRANSPORT, call_attributes, http_attributes, span_name
 from ._common import MARK as _MARK
 from ._common import (
-    Patches,
+    Hooks,
     PendingEvents,
-    ShimSlot,
     deliver,
     detach,
     extract_parent,
     global_tracing,
+    installed,
     is_mcp_span,
     wire_dict,
 )
 
 try:
-    from mcp_types.version import MODERN_PROTOCOL_VERSIONS as _MODERN_VERSIONS
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 except ImportError:  # pragma: no cover - an SDK before the 2026 protocol
-    _MODERN_VERSIONS = ()
+    MODERN_PROTOCOL_VERSIONS = ()  # type: ignore[misc]  # the SDK's Final, stood in for when it is missing
+_MODERN_VERSIONS: tuple[str, ...] = tuple(MODERN_PROTOCOL_VERSIONS)
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,28 @@ def _is_jsonrpc(channel: Any) -> bool:
     return isinstance(channel, jrd.JSONRPCDispatcher) or isinstance(
         getattr(channel, "_dispatcher", None), jrd.JSONRPCDispatcher
     )
+
+
+@contextlib.contextmanager
+def _handed_over(call: OutboundCall, tracer: Any, name: str, *, kind: SpanKind, attributes: Any = None,
+                 **kwargs: Any) -> Iterator[Any]:
+    """The SDK's own CLIENT span (its tracer, name and attributes), handed to ``call`` and left open until the
+    response is measured."""
+    with tracer.start_as_current_span(name, kind=kind, attributes=attributes, end_on_exit=False, **kwargs) as span:
+        call.start(span)
+        yield span
+
+
+@contextlib.asynccontextmanager
+async def _server_pipe(streams: Any) -> AsyncIterator[Any]:
+    """``stdio_server()``'s streams, marked as a pipe for the middleware (memory and stdio streams look alike)."""
+    token = _SERVER_TRANSPORT.set("pipe")
+    try:
+        async with streams as opened:
+            yield opened
+    finally:
+        with contextlib.suppress(ValueError):
+            _SERVER_TRANSPORT.reset(token)
 
 
 class OutboundCall:
@@ -568,7 +590,7 @@ class V2Shim:
     def __init__(self, recorder: TokenRecorder) -> None:
         self.recorder = recorder
         self.active = False
-        self._patches = Patches()
+        self._hooks = Hooks()
         self._servers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions: weakref.WeakSet[ClientSession] = weakref.WeakSet()
         self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -578,136 +600,111 @@ class V2Shim:
 
     # -------------------------------------------------------------- install / uninstall
 
-    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
-        self._patches.patch(owner, name, replacement)
-
     def install(self) -> None:
-        shim = self
-        server_init = Server.__init__
-        session_init = ClientSession.__init__
-        http_init = StreamableHTTPTransport.__init__
-        sdk_otel_span = jrd.otel_span
-        spawn = client_stdio._create_platform_compatible_process
+        hooks = self._hooks
         stdio_server = server_stdio.stdio_server
-
-        @functools.wraps(server_init)
-        def patched_server_init(self: Server, *args: Any, **kwargs: Any) -> None:
-            server_init(self, *args, **kwargs)
-            shim.add_middleware(self)
-
-        @functools.wraps(session_init)
-        def patched_session_init(self: ClientSession, *args: Any, **kwargs: Any) -> None:
-            session_init(self, *args, **kwargs)
-            shim.wrap_session(self)
-
-        @functools.wraps(http_init)
-        def patched_http_init(self: StreamableHTTPTransport, *args: Any, **kwargs: Any) -> None:
-            http_init(self, *args, **kwargs)
-            # The transport's context-manager body runs in the caller's context, so the session built next
-            # in this task sees it.
-            _CLIENT_TRANSPORT.set(("tcp", self))
-
-        @contextlib.contextmanager
-        def capturing_otel_span(
-            name: str, *, kind: SpanKind, attributes: Any = None, **kwargs: Any
-        ) -> Iterator[Any]:
-            call = _CAPTURE.get() if kind is SpanKind.CLIENT else None
-            tracer = getattr(sdk_otel, "_tracer", None)
-            if call is None or tracer is None:
-                with sdk_otel_span(name, kind=kind, attributes=attributes, **kwargs) as sdk_span:
-                    yield sdk_span
-                return
-            _CAPTURE.set(None)  # single use: never leaks into a nested send or a handler
-            # The SDK's own span (its tracer, name and attributes), left open until the response is measured.
-            with tracer.start_as_current_span(
-                name, kind=kind, attributes=attributes, end_on_exit=False, **kwargs
-            ) as sdk_span:
-                call.start(sdk_span)
-                yield sdk_span
-
-        @functools.wraps(spawn)
-        async def patched_spawn(*args: Any, **kwargs: Any) -> Any:
-            process = await spawn(*args, **kwargs)
-            _CLIENT_TRANSPORT.set(("pipe", None))
-            return process
-
-        @contextlib.asynccontextmanager
-        async def patched_stdio_server(*args: Any, **kwargs: Any) -> Any:
-            token = _SERVER_TRANSPORT.set("pipe")
-            try:
-                async with stdio_server(*args, **kwargs) as streams:
-                    yield streams
-            finally:
-                with contextlib.suppress(ValueError):
-                    _SERVER_TRANSPORT.reset(token)
-
-        functools.update_wrapper(patched_stdio_server, stdio_server)
-        self._patch(Server, "__init__", patched_server_init)
-        self._patch(ClientSession, "__init__", patched_session_init)
-        self._patch(StreamableHTTPTransport, "__init__", patched_http_init)
-        self._patch(jrd, "otel_span", capturing_otel_span)
-        self._patch(ServerSession, "send_request", self._wrap_server_send_request(ServerSession.send_request))
-        self._patch(Connection, "send_raw_request", self._wrap_connection_send(Connection.send_raw_request))
-        self._patch(client_stdio, "_create_platform_compatible_process", patched_spawn)
-        self._patch(server_stdio, "stdio_server", patched_stdio_server)
+        hooks.wrap(Server, "__init__", self._server_init)
+        hooks.wrap(ClientSession, "__init__", self._session_init)
+        hooks.wrap(StreamableHTTPTransport, "__init__", self._http_init)
+        hooks.wrap(jrd, "otel_span", self._otel_span)
+        hooks.wrap(ServerSession, "send_request", self._server_send_request)
+        hooks.wrap(Connection, "send_raw_request", self._connection_send)
+        hooks.wrap(client_stdio, "_create_platform_compatible_process", self._spawn)
+        hooks.wrap(server_stdio, "stdio_server", self._stdio_server)
         try:  # MCPServer.run("stdio") looks stdio_server up in its own module
             import mcp.server.mcpserver.server as mcpserver_module
-
-            if getattr(mcpserver_module, "stdio_server", None) is stdio_server:
-                self._patch(mcpserver_module, "stdio_server", patched_stdio_server)
         except ImportError:
             pass
+        else:
+            if getattr(mcpserver_module, "stdio_server", None) is stdio_server:
+                hooks.wrap(mcpserver_module, "stdio_server", self._stdio_server)
         self.active = True
 
-    def _wrap_server_send_request(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
+    # Each hook is a wrapt wrapper, (wrapped, instance, args, kwargs); once uninstalled (``active`` false) a hook
+    # still reachable through a wrapper another library put over ours passes the call straight through.
 
-        @functools.wraps(original)
-        async def send_request(session: ServerSession, request: Any, result_type: Any, *args: Any, **kw: Any) -> Any:
-            if not shim.active:
-                return await original(session, request, result_type, *args, **kw)
-            method, params, jsonrpc = "unknown", None, True
-            try:
-                data = wire_dict(request)
-                method, params = str(data.get("method", "unknown")), data.get("params")
-                metadata = kw.get("metadata", args[1] if len(args) > 1 else None)
-                # The channel the SDK picks: the request's own when related to it, else the connection's.
-                related = getattr(metadata, "related_request_id", None)
-                channel = session._request_outbound if related is not None else session._connection.outbound
-                jsonrpc = _is_jsonrpc(channel)
+    def _server_init(self, wrapped: Any, server: Server, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
+            self.add_middleware(server)
+
+    def _session_init(
+        self, wrapped: Any, session: ClientSession, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
+            self.wrap_session(session)
+
+    def _http_init(self, wrapped: Any, transport: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        wrapped(*args, **kwargs)
+        if self.active:
+            # The transport's context-manager body runs in the caller's context, so the session built next
+            # in this task sees it.
+            _CLIENT_TRANSPORT.set(("tcp", transport))
+
+    def _otel_span(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = _CAPTURE.get() if self.active and kwargs.get("kind") is SpanKind.CLIENT else None
+        tracer = getattr(sdk_otel, "_tracer", None)
+        if call is None or tracer is None:
+            return wrapped(*args, **kwargs)
+        _CAPTURE.set(None)  # single use: never leaks into a nested send or a handler
+        return _handed_over(call, tracer, *args, **kwargs)
+
+    async def _spawn(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        process = await wrapped(*args, **kwargs)
+        if self.active:
+            _CLIENT_TRANSPORT.set(("pipe", None))
+        return process
+
+    def _stdio_server(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        streams = wrapped(*args, **kwargs)
+        return _server_pipe(streams) if self.active else streams
+
+    async def _server_send_request(
+        self, wrapped: Any, session: ServerSession, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if not self.active:
+            return await wrapped(*args, **kwargs)
+        return await self._server_request(wrapped, session, *args, **kwargs)
+
+    async def _server_request(self, send: Any, session: ServerSession, request: Any, result_type: Any,
+                              *args: Any, **kw: Any) -> Any:
+        method, params, jsonrpc = "unknown", None, True
+        try:
+            data = wire_dict(request)
+            method, params = str(data.get("method", "unknown")), data.get("params")
+            metadata = kw.get("metadata", args[1] if len(args) > 1 else None)
+            # The channel the SDK picks: the request's own when related to it, else the connection's.
+            related = getattr(metadata, "related_request_id", None)
+            channel = session._request_outbound if related is not None else session._connection.outbound
+            jsonrpc = _is_jsonrpc(channel)
+        except Exception:
+            self.recorder.fault("span")
+        if self.recorder.guard_active and _DEPTH.get() is not None:
+            try:  # the handler's request (sampling, elicitation) carries the next chain depth
+                deeper = _deeper(params)
+                request = type(request).model_validate({**data, "params": deeper}, by_name=False)
+                params = deeper
             except Exception:
-                shim.recorder.fault("span")
-            if shim.recorder.guard_active and _DEPTH.get() is not None:
-                try:  # the handler's request (sampling, elicitation) carries the next chain depth
-                    deeper = _deeper(params)
-                    request = type(request).model_validate({**data, "params": deeper}, by_name=False)
-                    params = deeper
-                except Exception:
-                    shim.recorder.fault("guard")
-            return await shim.server_send(
-                lambda: original(session, request, result_type, *args, **kw), method, params, jsonrpc
-            )
+                self.recorder.fault("guard")
+        return await self.server_send(lambda: send(request, result_type, *args, **kw), method, params, jsonrpc)
 
-        return send_request
+    async def _connection_send(
+        self, wrapped: Any, connection: Connection, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if not self.active:
+            return await wrapped(*args, **kwargs)
+        return await self._connection_request(wrapped, connection, *args, **kwargs)
 
-    def _wrap_connection_send(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        shim = self
-
-        @functools.wraps(original)
-        async def send_raw_request(connection: Connection, method: str, params: Any, *args: Any, **kw: Any) -> Any:
-            if not shim.active:
-                return await original(connection, method, params, *args, **kw)
-            jsonrpc = _is_jsonrpc(getattr(connection, "outbound", None))
-            if shim.recorder.guard_active:
-                try:
-                    params = _deeper(params)
-                except Exception:
-                    shim.recorder.fault("guard")
-            return await shim.server_send(
-                lambda: original(connection, method, params, *args, **kw), method, params, jsonrpc
-            )
-
-        return send_raw_request
+    async def _connection_request(self, send: Any, connection: Connection, method: str, params: Any,
+                                  *args: Any, **kw: Any) -> Any:
+        jsonrpc = _is_jsonrpc(getattr(connection, "outbound", None))
+        if self.recorder.guard_active:
+            try:
+                params = _deeper(params)
+            except Exception:
+                self.recorder.fault("guard")
+        return await self.server_send(lambda: send(method, params, *args, **kw), method, params, jsonrpc)
 
     async def server_send(self, send: Callable[[], Awaitable[Any]], method: str, params: Any, jsonrpc: bool) -> Any:
         """A request the server sends (sampling, elicitation, roots, ping): side ``server``, on the budget of
@@ -732,7 +729,7 @@ class V2Shim:
 
     def uninstall(self) -> None:
         self.active = False
-        self._patches.restore()
+        self._hooks.remove()
         for server in list(self._servers):
             self.remove_middleware(server)
         for session in list(self._sessions):
@@ -742,6 +739,10 @@ class V2Shim:
         self._sessions = weakref.WeakSet()
 
     # -------------------------------------------------------------- server side
+
+    def instrument_server(self, server: Any) -> None:
+        """A server built before ``install`` (a low-level Server or an MCPServer) gets our middleware too."""
+        self.add_middleware(server)
 
     def add_middleware(self, server: Any) -> None:
         """Append our middleware (idempotent); accepts a low-level Server or an MCPServer."""
@@ -835,17 +836,10 @@ class V2Shim:
             self.recorder.fault("install")
 
 
-_slot = ShimSlot(V2Shim)
-#: Patch the SDK for a recorder (at most one shim is active) / restore it exactly.
-install = _slot.install
-uninstall = _slot.uninstall
+def install(recorder: TokenRecorder) -> V2Shim:
+    """Hook mcp 2.x for ``recorder``; all or nothing. The caller owns the shim: its ``uninstall()`` restores the
+    SDK, its ``instrument_server(server)`` adds a server built earlier."""
+    return installed(V2Shim(recorder))
 
 
-def instrument_server(server: Any) -> None:
-    """Instrument a server built before ``instrument()`` (a low-level Server or an MCPServer)."""
-    if _slot.shim is None:
-        logger.warning("mcp_token_otel: instrument_server() called before instrument(); ignored")
-        return
-    _slot.shim.add_middleware(server)
-
-__all__ = ["DispatcherProxy", "TokenMiddleware", "V2Shim", "install", "instrument_server", "uninstall"]
+__all__ = ["DispatcherProxy", "TokenMiddleware", "V2Shim", "install"]

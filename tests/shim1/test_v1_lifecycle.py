@@ -318,13 +318,13 @@ def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
 
 
 def test_uninstrument_restores_sdk(otel: Otel) -> None:
-    from mcp_token_otel.adapters import mcp_v1
+    from mcp_token_otel.instrumentation import McpTokenInstrumentor
 
     before = snapshot()
     instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     patched = snapshot()
     instrument()  # idempotent: nothing wrapped twice
-    mcp_v1.install(mcp_v1._slot.shim.recorder)  # the adapter guards itself too
+    McpTokenInstrumentor().instrument()  # the other entry point: a no-op too
     assert snapshot() == patched
     assert all(a is not b for a, b in zip(before, patched, strict=True))
     uninstrument()
