@@ -39,7 +39,7 @@ class Harness:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
         self.rec = TokenRecorder(make_config(**config), tracer_provider, self.meter_provider)
         self.prom = PrometheusMetrics(states=self.rec.states)
-        self.rec.add_sink(self.prom)
+        self.rec.add_sink(self.prom, inline=True)
 
     def span(self, name: str = "tools/call t") -> Any:
         return self.rec.start_span(name, SpanKind.SERVER)
@@ -299,7 +299,7 @@ from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.recorder import TokenRecorder
 rec = TokenRecorder(config_from_dict({"estimator": "chars/4", "guard": {"mode": "observe", "annotate_meta": True,
                                                                         "model": "gpt-5.5"}}))
-rec.add_sink(PrometheusMetrics(states=rec.states))
+rec.add_sink(PrometheusMetrics(states=rec.states), inline=True)
 for _ in range(3):
     rec.record_guarded_output(None, "server", "tools/call", "t", {"content": [{"type": "text", "text": "abcd" * 100}]},
                               "s", server="mp")

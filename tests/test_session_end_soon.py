@@ -13,16 +13,28 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.emitters.sink import BaseSink, CallInfo
 from mcp_token_otel.recorder import TokenRecorder
 
 TEXT = {"content": [{"type": "text", "text": "hello " * 50}]}
 
 
-def make() -> tuple[TokenRecorder, PrometheusMetrics]:
+class AggregateSink(BaseSink):
+    """A built-in style sink: every update under one non-reentrant lock, as the pre-aggregating sinks do."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ended: list[float] = []
+
+    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
+        with self.lock:
+            self.ended.append(utilization)
+
+
+def make() -> tuple[TokenRecorder, AggregateSink]:
     recorder = TokenRecorder(config_from_dict({"estimator": "chars/4"}), TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink)
+    sink = AggregateSink()
+    recorder.add_sink(sink, inline=True)
     recorder.record_output(None, "server", "tools/call", "t", result=TEXT, session_id="s1")
     return recorder, sink
 
@@ -37,7 +49,7 @@ def test_ending_soon_under_the_aggregate_lock_returns_and_ends_at_the_next_safe_
     done = threading.Event()
 
     def finalizer_inside_a_locked_update() -> None:
-        with sink._tokens._lock:  # what a collection triggered inside an aggregate update holds
+        with sink.lock:  # what a collection triggered inside an aggregate update holds
             recorder.end_session_soon("server", "s1")
         done.set()
 
@@ -45,20 +57,16 @@ def test_ending_soon_under_the_aggregate_lock_returns_and_ends_at_the_next_safe_
     worker.start()
     worker.join(timeout=10)
     assert done.is_set(), "end_session_soon blocked on a lock its caller held"
-    utilization = sink._utilization.snapshot()
-    assert not utilization  # not ended yet: only queued
+    assert not sink.ended  # not ended yet: only queued
     assert live(recorder) == 0  # a read of the session states is a safe point: ended there
-    ((_, _, _, count, _, _),) = sink._utilization.snapshot()
-    assert count == 1  # and observed once, as end_session does
+    assert len(sink.ended) == 1  # and observed once, as end_session does
 
 
 def test_the_next_message_and_close_end_what_is_queued() -> None:
     recorder, _ = make()
     recorder.end_session_soon("server", "s1")
     recorder.record_input(None, "server", "tools/list", {}, "s2")  # the next message: a safe point
-    with recorder._budget_lock:
-        assert [key for key, _ in recorder.sessions["server"].sessions()] == ["s2"]
+    assert [key for key, _ in recorder.sessions["server"].sessions()] == ["s2"]
     recorder.end_session_soon("server", "s2")
     recorder.close()
-    with recorder._budget_lock:
-        assert not recorder.sessions["server"].sessions()
+    assert not recorder.sessions["server"].sessions()

@@ -1,0 +1,183 @@
+"""Guard orchestration: the guard policies (docs/guardrails.md) run around the calls, their actions counted.
+
+Request-side guards may answer a call in the tool's place; result-side guards may change what is delivered
+(truncation, padding notices) and say what enters the context. Each action becomes a span event and a
+``record_guard_action`` point; the estimated price of a result (``guard.model``) a ``record_cost`` point.
+Never raises: a fault is counted (stage ``guard``) and the call goes on unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
+from ..core.guard.settings import GuardSettings
+from ..core.measure import Measurement, Policy
+from ..semconv import EVENT_GUARD
+from .fanout import SinkFanout
+from .labels import LabelBounds
+from .ledger import SessionLedger, Side
+from .response import Response
+from .spans import enabled
+
+#: (side, server, tool) triples whose guard series were started at 0; cleared past this many.
+_MAX_TOUCHED = 10_000
+
+
+def is_refusal(result: Any) -> bool:
+    """A guard's own refusal (its _meta carries the guard key): recorded as the output, never guarded again."""
+    meta = result.get("_meta") if isinstance(result, Mapping) else None
+    return isinstance(meta, Mapping) and META_GUARD_KEY in meta
+
+
+def _rate_key(side: str, session_id: str) -> str:
+    """The rate limiter's key: per side, so an in-process client and server never count one call twice."""
+    return f"{side}:{session_id}"
+
+
+class GuardOrchestrator:
+    """One guard engine per recorder, shared by every side that ``guard.sides`` lists."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        policy: Policy,
+        max_sessions: int,
+        parts: tuple[SessionLedger, LabelBounds, SinkFanout],
+    ) -> None:
+        self.engine = GuardEngine(settings, policy, max_sessions=max_sessions)
+        #: False when no guard mode is on anywhere: adapters skip every guard step (one bool check).
+        self.active = self.engine.active
+        self.sides = frozenset(settings.sides)
+        #: Cost is observability: computed whenever guard.model is set, guard on or off.
+        self.cost_on = bool(settings.model)
+        self._ledger, self._labels, self._fanout = parts
+        self._fault: Callable[[str], None] = self._fanout.fault
+        #: The refusal and padding policies switched on: their series start at 0 per (side, server, tool).
+        self._zero: tuple[str, ...] = tuple(
+            name for name, on in (
+                ("chain_depth", settings.max_chain_depth > 0),
+                ("session_limit", settings.session_hard_limit),
+                ("rate_limit", settings.rate_limit),
+                ("padding", settings.padding.enabled),
+            ) if on
+        )
+        self._touched: set[tuple[str, str, str | None]] = set()
+
+    def request(
+        self, span: Span | None, side: Side, method: str, params: Any, session_id: str | None, server: str | None
+    ) -> dict[str, Any] | None:
+        """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead."""
+        if not self.active or side not in self.sides or not enabled():
+            return None
+        try:
+            decision = self.engine.on_request(
+                method,
+                params,
+                session_id=_rate_key(side, session_id) if session_id is not None else None,
+                budget=self._ledger.budget(side, session_id),
+            )
+        except Exception:
+            self._fault("guard")
+            return None
+        if decision.actions or method == "tools/call":
+            label = self._labels.server(self._ledger.find_meta(side, session_id), server)
+            if method == "tools/call":
+                self._series(side, label, params)
+            if decision.actions:
+                self.signals(span, side, decision.actions, None, label)
+        return None if decision.allow else decision.result
+
+    def result(self, r: Response, m: Measurement) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
+        """The result-side guards on a measured result: (result to deliver, actions, tokens entering the
+        context, cost). A fault delivers the result unchanged."""
+        try:
+            outcome = self.engine.on_result(
+                r.method,
+                r.result,
+                tool=r.tool_name,
+                arguments=r.arguments,
+                budget=self._ledger.budget(r.side, r.session_id),
+                measurement=m,
+            )
+        except Exception:
+            self._fault("guard")
+            return r.result, (), m.total_tokens, self.cost(m.total_tokens)
+        tokens = outcome.context_tokens if outcome.context_tokens is not None else m.total_tokens
+        return outcome.result, outcome.actions, tokens, outcome.cost_usd
+
+    def cost(self, tokens: int) -> float | None:
+        """The estimated price of ``tokens`` entering the context (None without guard.model)."""
+        if not self.cost_on:
+            return None
+        try:
+            return self.engine.cost_usd(tokens)
+        except Exception:
+            self._fault("guard")
+            return None
+
+    def end_session(self, side: Side, session_id: str) -> None:
+        if not self.active:
+            return
+        try:
+            self.engine.end_session(_rate_key(side, session_id))
+        except Exception:
+            self._fault("guard")
+
+    def signals(
+        self,
+        span: Span | None,
+        side: Side,
+        actions: tuple[GuardAction, ...],
+        cost: tuple[str | None, float] | None,
+        server: str,
+    ) -> None:
+        """Span events (one ``mcp_token.guard`` per action) and the guard counters; ``cost``: (tool, USD)."""
+        try:
+            if span is not None and actions and span.is_recording():
+                for action in actions:
+                    span.add_event(EVENT_GUARD, action.attributes())
+        except Exception:
+            self._fault("span")
+        tool_names = self._labels.tool_names
+        for action in actions:
+            try:
+                tool = tool_names(action.tool, False)
+            except Exception:
+                self._fault("metrics")
+                continue
+            self._fanout.guard_action(side, server, action.policy, action.action, action.enforced, tool)
+        if cost is not None:
+            try:
+                tool = tool_names(cost[0], False)
+            except Exception:
+                self._fault("metrics")
+                return
+            self._fanout.cost(side, server, tool, cost[1])
+
+    def _series(self, side: Side, server: str, params: Any) -> None:
+        """A tool's first guarded call (per side and server): its refusal and padding series start at 0, so that
+        alert rules taking increase() see the first refusal (a series born with it has no earlier sample)."""
+        try:
+            name = params.get("name") if isinstance(params, Mapping) else None
+            if not isinstance(name, str) or not self._zero:
+                return
+            tool = self._labels.tool_names(name, False)
+            key = (side, server, tool)
+            if key in self._touched:
+                return
+            if len(self._touched) >= _MAX_TOUCHED:
+                self._touched.clear()
+            self._touched.add(key)
+            tp = self.engine.tool_policy(name)
+            if not tp.active:
+                return
+            series = [(p, "found" if p == "padding" else "refused", tp.enforce) for p in self._zero
+                      if p != "padding" or tp.padding]
+        except Exception:
+            self._fault("metrics")
+            return
+        self._fanout.touch_guard(side, server, tool, series)

@@ -1,0 +1,85 @@
+"""Bounded metric labels: tool, method and server names past their limits share an overflow value.
+
+The ``server`` label of a series comes from, in order: ``metrics.server_name`` (one name for everything), the
+adapter's own knowledge (the server side knows its name), the proxy's ``--name``, then what the session learnt
+(an initialize result's ``serverInfo.name``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..config import MetricsConfig
+from ..core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
+from ..core.payload import Estimator
+
+if TYPE_CHECKING:
+    from .ledger import SessionMeta
+
+
+def server_info_name(result: Any) -> str | None:
+    """``serverInfo.name`` of an initialize result (wire dict or model)."""
+    info = result.get("serverInfo") if isinstance(result, Mapping) else getattr(result, "server_info", None)
+    name = info.get("name") if isinstance(info, Mapping) else getattr(info, "name", None)
+    return name if isinstance(name, str) and name else None
+
+
+class LabelBounds:
+    """The bounded tool, method and server labels of every metric point."""
+
+    def __init__(self, config: MetricsConfig, default_server: str, fault: Callable[[str], None]) -> None:
+        overflow = config.overflow_tool_name
+        self.tool_names = NameLimiter(config.max_tool_names, overflow)
+        self.server_names = NameLimiter(config.max_server_names, overflow)
+        self.method_names = NameLimiter(MAX_METHODS + len(SPEC_METHODS), overflow)
+        for spec_method in SPEC_METHODS:
+            self.method_names(spec_method)
+        #: metrics.server_name: one name for every series, whatever the sessions say.
+        self.override = config.server_name or None
+        #: The name when nothing more specific is known (the proxy's --name).
+        self.default_server = default_server
+        self._fault = fault
+
+    def server(self, meta: SessionMeta | None, server: str | None = None) -> str:
+        """The bounded ``server`` label: config override, then the adapter's, the proxy's --name, the session's."""
+        name = self.override or server or self.default_server or (meta.server if meta is not None else None)
+        if not name:
+            return ""
+        try:
+            return self.server_names(name) or ""
+        except Exception:
+            self._fault("metrics")
+            return ""
+
+    def fault_server(self) -> str:
+        """The label a fault carries (it has no session): like :meth:`server` but never reports a fault, since
+        its own faults would come back here."""
+        try:
+            name = self.override or self.default_server
+            return (self.server_names(name) or "") if name else ""
+        except Exception:
+            return ""
+
+    def tool_definitions(self, result: Any, estimator: Estimator) -> tuple[int, dict[str, int]] | None:
+        """What a tools/list result's definitions cost in context, in all and per tool. The declared names become
+        labels before their first call; per-tool figures only for names within the bound."""
+        tools = result.get("tools") if isinstance(result, Mapping) else None
+        if not isinstance(tools, list):
+            return None
+        from ..core.profiles import tool_definition_tokens
+
+        total = 0
+        per_tool: dict[str, int] = {}
+        overflow = self.tool_names.overflow
+        for tool in tools:
+            if not isinstance(tool, Mapping):
+                continue
+            tokens = tool_definition_tokens(tool, estimator)
+            total += tokens
+            name = tool.get("name")
+            if isinstance(name, str):
+                label = self.tool_names(name)
+                if label is not None and label != overflow:
+                    per_tool[label] = tokens
+        return total, per_tool

@@ -1,0 +1,202 @@
+"""The session ledger: per-side context-window budgets and what the metrics need per live session.
+
+One lock guards the budget registries. Sessions the registries let go of (ended, idle, evicted at
+``budget.max_sessions``) are noted under that lock and reported after it, so no sink ever runs while it is held
+(a sink may read :meth:`SessionLedger.session_states`). The per-session metadata is bounded too: past
+``budget.max_sessions`` per side the least recently used is evicted and reported, never the whole table at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from ..config import BudgetConfig
+from ..core.budget import BUDGET_STATES, BudgetUpdate, SessionBudget, SessionRegistry
+from ..core.measure import Measurement
+from ..semconv import A_TRANSPORT
+
+Side = Literal["client", "server", "proxy"]
+SIDES: tuple[Side, ...] = ("client", "server", "proxy")
+
+#: A message's metric point held back: side, method, tool, direction, measurement, budget update.
+Held = tuple[Side, str, "str | None", str, Measurement, "BudgetUpdate | None"]
+#: A session's end reported after the lock: side, final utilization, its metadata, why (ended, idle, evicted).
+Ended = tuple[Side, float, "SessionMeta | None", str]
+#: Live sessions per (side, server label) past which session_states() stops remembering pairs to keep at 0.
+_MAX_SERVER_PAIRS = 1_000
+
+
+def _zeros() -> dict[str, int]:
+    return {state: 0 for state in BUDGET_STATES}
+
+
+class SessionMeta:
+    """What the recorder keeps per live session for its metrics: when it began and which server it is."""
+
+    __slots__ = ("pending", "protocol", "server", "started", "transport")
+
+    def __init__(self, server: str | None, transport: str | None) -> None:
+        self.started = time.monotonic()
+        self.server = server
+        self.transport = transport
+        self.protocol: str | None = None
+        #: A client's initialize request, recorded once its result names the server (see record_input).
+        self.pending: Held | None = None
+
+
+class SessionLedger:
+    """Budgets and metadata of the live sessions, per side, bounded in count."""
+
+    def __init__(
+        self,
+        budget: BudgetConfig,
+        fault: Callable[[str], None],
+        ended: Callable[[Side, float, SessionMeta | None, str], None],
+        evicted: Callable[[Side, SessionMeta], None],
+    ) -> None:
+        self.lock = threading.Lock()
+        self._fault = fault
+        self._report_end = ended
+        self._report_evicted = evicted
+        self._max_meta = budget.max_sessions
+        # Sessions ended under the lock, to report after it.
+        self._ended: deque[Ended] = deque()
+        #: Sessions to end at the next safe point (end_soon: garbage-collection callbacks). Read on every message.
+        self.ending: deque[tuple[Side, str]] = deque()
+        self._meta: dict[str, OrderedDict[str, SessionMeta]] = {side: OrderedDict() for side in SIDES}
+        self._server_pairs: set[tuple[str, str]] = set()  # (side, server) pairs the sessions gauge shows
+        self.sessions: dict[str, SessionRegistry] = {
+            side: SessionRegistry(
+                budget.context_window,
+                budget.warning_ratio,
+                budget.exhaustion_ratio,
+                max_sessions=budget.max_sessions,
+                idle_timeout=budget.idle_timeout_seconds,
+                on_end=self._on_end(side),
+            )
+            for side in SIDES
+        }
+
+    def record(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:
+        """Add ``tokens`` to the session's budget (None: no session, or a fault)."""
+        if session_id is None:
+            return None
+        try:
+            with self.lock:
+                update = self.sessions[side].record(session_id, tokens)
+        except Exception:
+            self._fault("budget")
+            return None
+        if self._ended:  # idle or evicted sessions the registry let go of while recording
+            self.report_ended()
+        return update
+
+    def budget(self, side: Side, session_id: str | None) -> SessionBudget | None:
+        """The session's budget as it stands (the guards read it), or None."""
+        return self.sessions[side].get(session_id) if session_id is not None else None
+
+    def meta(
+        self, side: Side, session_id: str | None, server: str | None, attributes: Mapping[str, Any] | None
+    ) -> SessionMeta | None:
+        """The session's metric context, created at its first message (the session's start); most recently used."""
+        if session_id is None:
+            return None
+        try:
+            metas = self._meta[side]
+            meta = metas.get(session_id)
+            if meta is None:
+                meta = metas[session_id] = SessionMeta(
+                    server or None, attributes.get(A_TRANSPORT) if attributes else None
+                )
+                if len(metas) > self._max_meta:
+                    self._evict(side, metas)
+                return meta
+            try:
+                metas.move_to_end(session_id)
+            except KeyError:  # ended meanwhile on another thread: this message still has its context
+                return meta
+            if server and meta.server is None:
+                meta.server = server
+            if attributes and meta.transport is None:
+                meta.transport = attributes.get(A_TRANSPORT)
+            return meta
+        except Exception:
+            self._fault("metrics")
+            return None
+
+    def find_meta(self, side: Side, session_id: str | None) -> SessionMeta | None:
+        """The session's metric context if it has one (a lookup: creates nothing)."""
+        return self._meta[side].get(session_id) if session_id is not None else None
+
+    def _evict(self, side: Side, metas: OrderedDict[str, SessionMeta]) -> None:
+        # Sessions whose budget the registry let go of lose their metadata with it; what is left past the bound
+        # are sessions the registry never saw end (a budget fault): the least recently used goes, and is counted.
+        while len(metas) > self._max_meta:
+            try:
+                _, old = metas.popitem(last=False)
+            except KeyError:  # emptied meanwhile on another thread
+                return
+            self._report_evicted(side, old)
+
+    def end(self, side: Side, session_id: str) -> None:
+        """Close the session's budget (its final utilization is reported)."""
+        try:
+            with self.lock:
+                self.sessions[side].end(session_id)
+        except Exception:
+            self._fault("budget")
+        self.report_ended()
+
+    def end_soon(self, side: Side, session_id: str) -> None:
+        """Queue the session's end for the next safe point (nothing else: see TokenRecorder.end_session_soon)."""
+        self.ending.append((side, session_id))
+
+    def _on_end(self, side: Side) -> Callable[[str, SessionBudget, str], None]:
+        # Called by the registry under the lock: only note it; report_ended() reports it after the lock.
+        def ended(session_id: str, budget: SessionBudget, why: str) -> None:
+            self._ended.append((side, budget.utilization, self._meta[side].pop(session_id, None), why))
+
+        return ended
+
+    def report_ended(self) -> None:
+        while self._ended:
+            try:
+                ended = self._ended.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self._report_end(*ended)
+
+    def states(self) -> dict[str, dict[str, int]]:
+        """Live sessions per budget state, per side."""
+        with self.lock:
+            return {side: {state: n for state, n in reg.states().items()} for side, reg in self.sessions.items()}
+
+    def session_states(self, label: Callable[[SessionMeta | None], str]) -> dict[tuple[str, str], dict[str, int]]:
+        """Live sessions per (side, server label) and budget state, every state present. A (side, server) seen
+        once keeps its series at 0 when its sessions end. Sessions with no known server count under
+        ``label(None)``."""
+        with self.lock:
+            live = {side: reg.sessions() for side, reg in self.sessions.items()}
+        default = label(None)
+        out: dict[tuple[str, str], dict[str, int]] = {key: _zeros() for key in self._server_pairs}
+        labels: dict[str | None, str] = {None: default}  # a session's label depends only on its meta.server
+        for side, sessions in live.items():
+            out.setdefault((side, default), _zeros())
+            metas = self._meta[side]
+            for session_id, state in sessions:
+                meta = metas.get(session_id)
+                name = meta.server if meta is not None else None
+                server = labels.get(name)
+                if server is None:
+                    server = labels[name] = label(meta)
+                counts = out.get((side, server))
+                if counts is None:
+                    counts = out[side, server] = _zeros()
+                counts[state] += 1
+        if len(out) <= _MAX_SERVER_PAIRS:  # labels are bounded; this bounds the set whatever happens
+            self._server_pairs = set(out)
+        return out

@@ -1,0 +1,250 @@
+"""The span annotator: token counts, budgets, captured content, status and events on the MCP spans.
+
+Every span API call is guarded: a fault in the tracing pipeline is counted (stage ``span``) and the MCP call
+goes on untouched. Nothing is recorded inside an OpenTelemetry suppression context (:func:`enabled`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
+
+from ..core.budget import BudgetUpdate
+from ..core.measure import Measurement, Policy
+from ..core.risk import BREACH_TIERS
+from ..emitters.sink import CallInfo
+from ..semconv import (
+    A_ADVISORY,
+    A_ARGUMENTS,
+    A_COST_USD,
+    A_ERROR_TYPE,
+    A_ESTIMATOR,
+    A_INPUT_TOKENS,
+    A_OUTPUT_TOKENS,
+    A_OVERHEAD_RATIO,
+    A_OVERHEAD_TOKENS,
+    A_PROTOCOL,
+    A_RESOURCE_URI,
+    A_RESULT,
+    A_RISK_TIER,
+    A_SESSION_STATE,
+    A_SESSION_TOKENS,
+    A_SESSION_UTILIZATION,
+    A_STATUS_CODE,
+    A_TOOL_DEFINITION_TOKENS,
+    A_TRANSPORT,
+    EVENT_BUDGET,
+    EVENT_RISK,
+)
+from .bounded_json import truncate
+from .response import Response
+
+#: The GenAI conventions' content-capture switch, honoured beside ``spans.capture_content``.
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+_CAPTURE_VALUES = frozenset({"true", "1", "yes", "span_only", "span_and_event"})
+
+try:  # the keys is_instrumentation_enabled() reads, read from one context lookup instead of two
+    from opentelemetry.instrumentation.utils import (
+        _SUPPRESS_INSTRUMENTATION_KEY as _SUPPRESS,
+    )
+    from opentelemetry.instrumentation.utils import (
+        _SUPPRESS_INSTRUMENTATION_KEY_PLAIN as _SUPPRESS_PLAIN,
+    )
+
+    def enabled() -> bool:
+        """is_instrumentation_enabled(), with one context lookup (it is asked twice per message)."""
+        ctx = otel_context.get_current()
+        return not (ctx.get(_SUPPRESS) or ctx.get(_SUPPRESS_PLAIN))
+except ImportError:  # an instrumentation package that moved its keys: its own function
+    enabled = is_instrumentation_enabled
+
+
+def capture_from_env() -> bool:
+    """True when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT asks for content on spans."""
+    return os.environ.get(CAPTURE_ENV, "").strip().lower() in _CAPTURE_VALUES
+
+
+def _status_unset(span: Span) -> bool:
+    # Keep a status (and its description) that the SDK's own instrumentation already set.
+    status = getattr(span, "status", None)
+    return status is None or status.status_code is StatusCode.UNSET
+
+
+def status_description(m: Measurement, result: Any, error: Any) -> str:
+    """A short status description: the JSON-RPC error's code and message, or the tool error's first text."""
+    if m.error_type == "tool_error":
+        content = result.get("content") if isinstance(result, Mapping) else None
+        first = content[0] if isinstance(content, list) and content else None
+        text = first.get("text") if isinstance(first, Mapping) else None
+        return f"tool_error: {text[:200]}" if isinstance(text, str) and text else "tool_error"
+    message = error.get("message") if isinstance(error, Mapping) else getattr(error, "message", None)
+    return f"{m.error_type}: {message[:200]}" if isinstance(message, str) and message else str(m.error_type)
+
+
+def _content(result: Any) -> Any:
+    """What of a tools/call result is captured: its content blocks (or the whole result when it has none)."""
+    return result.get("content", result) if isinstance(result, Mapping) else result
+
+
+def _risk_event(span: Span, m: Measurement) -> None:
+    event: dict[str, Any] = {A_RISK_TIER: m.risk_tier, A_OUTPUT_TOKENS: m.total_tokens}
+    advisories = m.advisories
+    if advisories:
+        event[A_ADVISORY] = advisories[0]
+    span.add_event(EVENT_RISK, event)
+
+
+def _budget_events(span: Span, update: BudgetUpdate) -> None:
+    for state in update.transitions:
+        span.add_event(
+            EVENT_BUDGET,
+            {A_SESSION_STATE: state, A_SESSION_TOKENS: update.tokens, A_SESSION_UTILIZATION: update.utilization},
+        )
+
+
+class SpanAnnotator:
+    """Opens, annotates and ends the recorder's spans; never raises."""
+
+    def __init__(
+        self, tracer: Tracer, policy: Policy, capture: bool, max_chars: int, fault: Callable[[str], None]
+    ) -> None:
+        self.tracer = tracer
+        self.policy = policy
+        #: Tool arguments and results go on spans (spans.capture_content or the GenAI environment switch).
+        self.capture = capture
+        self._max_chars = max_chars
+        self._fault = fault
+
+    def start(self, name: str, kind: SpanKind, attributes: dict[str, Any] | None, context: Any) -> Span | None:
+        """Open a span; None when the tracing pipeline fails or instrumentation is suppressed here."""
+        if not is_instrumentation_enabled():
+            return None
+        try:
+            return self.tracer.start_span(
+                name,
+                context=context,
+                kind=kind,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+        except Exception:
+            self._fault("span")
+            return None
+
+    def end(self, span: Span | None) -> None:
+        if span is None:
+            return
+        try:
+            span.end()
+        except Exception:
+            self._fault("span")
+
+    def set_attributes(self, span: Span | None, attributes: Mapping[str, Any]) -> None:
+        try:
+            if span is not None and span.is_recording():
+                span.set_attributes(attributes)
+        except Exception:
+            self._fault("span")
+
+    def exception(self, span: Span | None, exc: BaseException) -> None:
+        """A non-JSON-RPC failure of the call (transport error...): error.type is the exception class."""
+        try:
+            if span is not None and span.is_recording():
+                span.set_attribute(A_ERROR_TYPE, type(exc).__qualname__)
+                span.set_status(StatusCode.ERROR, f"{type(exc).__qualname__}: {str(exc)[:200]}")
+        except Exception:
+            self._fault("span")
+
+    def request(
+        self,
+        span: Span,
+        method: str,
+        params: Any,
+        m: Measurement,
+        update: BudgetUpdate | None,
+        attributes: Mapping[str, Any] | None,
+        hold: dict[str, Any] | None,
+    ) -> None:
+        """A request's tokens (and the adapter's ``attributes``) in one set_attributes call, or into ``hold``."""
+        try:
+            if not span.is_recording():
+                return
+            attrs: dict[str, Any] = dict(attributes) if attributes else {}
+            attrs[A_INPUT_TOKENS] = m.total_tokens
+            attrs[A_ESTIMATOR] = self.policy.estimator_name
+            if self.capture and method == "tools/call" and isinstance(params, Mapping):
+                attrs[A_ARGUMENTS] = truncate(params.get("arguments"), self._max_chars)
+            elif method.startswith("resources/") and isinstance(params, Mapping):
+                uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
+                if isinstance(uri, str):
+                    attrs[A_RESOURCE_URI] = uri
+            if update is not None and update.transitions:  # the state entered is news: say it now
+                attrs[A_SESSION_TOKENS] = update.tokens
+                attrs[A_SESSION_UTILIZATION] = update.utilization
+                attrs[A_SESSION_STATE] = update.state
+                _budget_events(span, update)
+            if hold is not None:
+                hold.update(attrs)
+            else:
+                span.set_attributes(attrs)
+        except Exception:
+            self._fault("span")
+
+    def response(
+        self,
+        r: Response,
+        m: Measurement,
+        update: BudgetUpdate | None,
+        definitions: tuple[int, dict[str, int]] | None,
+        cost: float | None,
+        call: CallInfo,
+    ) -> None:
+        """A response's tokens, status and events on ``r.span`` (with the request's held attributes, which are
+        older); a timed call also reads the conventions' transport and protocol from the span into ``call``."""
+        span = r.span
+        try:
+            if span is None or not span.is_recording():
+                return
+            held = r.held
+            attrs: dict[str, Any] = held if held is not None else {}
+            attrs[A_OUTPUT_TOKENS] = m.total_tokens
+            attrs[A_OVERHEAD_TOKENS] = m.overhead_tokens
+            attrs[A_OVERHEAD_RATIO] = m.overhead_ratio
+            attrs[A_RISK_TIER] = m.risk_tier
+            attrs[A_ESTIMATOR] = self.policy.estimator_name
+            if update is not None:
+                attrs[A_SESSION_TOKENS] = update.tokens
+                attrs[A_SESSION_UTILIZATION] = update.utilization
+                attrs[A_SESSION_STATE] = update.state
+            if m.error_type is not None:
+                attrs[A_ERROR_TYPE] = m.error_type
+                if m.error_type != "tool_error":
+                    attrs[A_STATUS_CODE] = m.error_type
+            if definitions is not None:
+                attrs[A_TOOL_DEFINITION_TOKENS] = definitions[0]
+            if cost is not None:
+                attrs[A_COST_USD] = cost
+            if self.capture and m.method == "tools/call" and r.result is not None:
+                attrs[A_RESULT] = truncate(_content(r.result), self._max_chars)
+            span.set_attributes(attrs)
+            if held:
+                held.clear()  # on the span now: the adapter has nothing left to set
+            if m.error_type is not None and _status_unset(span):
+                span.set_status(StatusCode.ERROR, status_description(m, r.result, r.error))
+            if m.risk_tier in BREACH_TIERS:
+                _risk_event(span, m)
+            if update is not None:
+                _budget_events(span, update)
+            if call.duration is not None:  # the conventions' metric attributes the span already carries
+                span_attrs = getattr(span, "attributes", None)
+                if isinstance(span_attrs, Mapping):
+                    call.transport = span_attrs.get(A_TRANSPORT)
+                    call.protocol = span_attrs.get(A_PROTOCOL)
+        except Exception:
+            self._fault("span")
