@@ -23,7 +23,6 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from ..config import Config, build_policy
-from ..core.budget import BudgetUpdate
 from ..core.guard import GuardAction, GuardEngine
 from ..core.labels import NameLimiter
 from ..core.measure import Measurement, Policy, measure_error, measure_request, measure_result
@@ -59,7 +58,7 @@ class TokenRecorder:
             SCOPE_NAME, __version__, schema_url=SCHEMA_URL
         )
         self._labels = LabelBounds(self.config.metrics, server_name or "", self.fault)
-        self._fanout = SinkFanout(self._labels.fault_server)
+        self._fanout = SinkFanout(self._labels)
         self._spans = SpanAnnotator(
             self.tracer,
             self.policy,
@@ -209,7 +208,7 @@ class TokenRecorder:
             # The server's name arrives with this request's result: its metrics are recorded then, with it.
             meta.pending = (side, method, measurement.tool_name, "input", measurement, update)
         else:
-            self._metrics(side, method, measurement.tool_name, "input", measurement, update, label)
+            self._fanout.message(side, method, measurement.tool_name, "input", measurement, update, label)
         return measurement
 
     def record_output(
@@ -296,15 +295,16 @@ class TokenRecorder:
         server = self._labels.server(meta, r.server)
         if meta is not None and meta.pending is not None:  # the initialize request, now with its server
             pending, meta.pending = meta.pending, None
-            self._metrics(*pending, server)
+            self._fanout.message(*pending, server)
         call = CallInfo(m.error_type, r.duration)
-        self._spans.response(r, m, update, definitions, cost, call)
+        if r.span is not None:
+            self._spans.response(r, m, update, definitions, cost, call)
         if meta is not None:  # a session's transport and protocol, for its calls and its end
             meta.transport = meta.transport or call.transport
             meta.protocol = meta.protocol or call.protocol
             if call.transport is None:
                 call.transport, call.protocol = meta.transport, meta.protocol
-        self._metrics(r.side, r.method, r.tool_name, "output", m, update, server, call)
+        self._fanout.message(r.side, r.method, r.tool_name, "output", m, update, server, call)
         if definitions is not None:
             self._fanout.tool_definitions(server, *definitions)
         if actions or cost is not None:
@@ -324,28 +324,6 @@ class TokenRecorder:
         except Exception:
             self.fault("metrics")
             return None
-
-    def _metrics(
-        self,
-        side: Side,
-        method: str,
-        tool_name: str | None,
-        direction: str,
-        m: Measurement,
-        update: BudgetUpdate | None,
-        server: str = "",
-        call: CallInfo | None = None,
-    ) -> None:
-        labels = self._labels
-        try:
-            admit = direction == "output" and m.error_type is None
-            method_label = labels.method_names(method, admit) or method
-            tool_label = labels.tool_names(tool_name, admit)
-        except Exception:
-            self.fault("metrics")
-            return
-        transitions = update.transitions if update is not None else ()
-        self._fanout.message(side, method_label, tool_label, direction, m, server, call, transitions)
 
     # ------------------------------------------------------------------ guards
 
@@ -377,9 +355,13 @@ class TokenRecorder:
 
     # ------------------------------------------------------------------ sessions
 
-    def server_label(self) -> str:
-        """The ``server`` label of series with no session to tell more (the override, or the proxy's name)."""
-        return self._labels.server(None)
+    def server_label(self, server: str | None = None) -> str:
+        """The bounded ``server`` label of series with no session to tell more: the override, else ``server``
+        (a name the caller knows), else the proxy's name."""
+        return self._labels.server(None, server)
+
+    def _server(self, meta: SessionMeta | None, server: str | None = None) -> str:  # a test's name for it
+        return self._labels.server(meta, server)
 
     def end_session(self, side: Side, session_id: str | None) -> None:
         """The connection is gone: close its budget (observes ``mcp_token.session.utilization``)."""
@@ -426,7 +408,7 @@ class TokenRecorder:
         if meta is not None:
             call = CallInfo(None, max(0.0, time.monotonic() - meta.started), meta.transport, meta.protocol)
             if meta.pending is not None:  # an initialize that never got its result
-                self._metrics(*meta.pending, server)
+                self._fanout.message(*meta.pending, server)
         self._fanout.session_end(side, utilization, server, call)
         if why == "evicted":
             self._fanout.session_evicted(side, server)
@@ -435,5 +417,5 @@ class TokenRecorder:
         """A session's metadata evicted at the bound: its held initialize is recorded, the eviction counted."""
         server = self._labels.server(meta)
         if meta.pending is not None:
-            self._metrics(*meta.pending, server)
+            self._fanout.message(*meta.pending, server)
         self._fanout.session_evicted(side, server)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 
+from ..core.budget import BudgetUpdate
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 from ..emitters.deferred import DeferredSink
 from ..emitters.sink import CallInfo, MetricsSink
+from .labels import LabelBounds
 
 logger = logging.getLogger("mcp_token_otel.recorder")
 
@@ -22,12 +24,12 @@ logger = logging.getLogger("mcp_token_otel.recorder")
 class SinkFanout:
     """The sinks and the fault counts."""
 
-    def __init__(self, fault_server: Callable[[], str]) -> None:
+    def __init__(self, labels: LabelBounds) -> None:
         #: Every sink, in the order added; a user sink is wrapped in its DeferredSink.
         self.sinks: list[MetricsSink] = []
         #: In-process fault counts per stage.
         self.error_counts: Counter[str] = Counter()
-        self._fault_server = fault_server
+        self._labels = labels
 
     def add(self, sink: MetricsSink, *, inline: bool = False) -> None:
         """Send metrics to ``sink`` too: inline (on the MCP call path) or replayed by a DeferredSink's thread."""
@@ -39,7 +41,7 @@ class SinkFanout:
         """Count and log an instrumentation fault; never raises."""
         self.error_counts[stage] += 1
         logger.debug("mcp_token_otel: fault in stage %s", stage, exc_info=True)
-        server = self._fault_server()
+        server = self._labels.fault_server()
         for sink in self.sinks:
             try:
                 sink.record_error(stage, server)
@@ -50,18 +52,28 @@ class SinkFanout:
         self,
         side: str,
         method: str,
-        tool: str | None,
+        tool_name: str | None,
         direction: str,
         m: Measurement,
-        server: str,
-        call: CallInfo | None,
-        transitions: Sequence[str],
+        update: BudgetUpdate | None,
+        server: str = "",
+        call: CallInfo | None = None,
     ) -> None:
-        """One message's points (its message, and for a response its breach and call) and the budget states it
-        entered: one pass over the sinks, each getting its calls in that order."""
+        """One message's points under bounded labels (its message, and for a response its breach and call) and
+        the budget states it entered: one pass over the sinks, each getting its calls in that order. A name is
+        admitted as a label by a successful response (see NameLimiter)."""
+        labels = self._labels
         output = direction == "output"
+        try:
+            admit = output and m.error_type is None
+            method = labels.method_names(method, admit) or method
+            tool = labels.tool_names(tool_name, admit)
+        except Exception:
+            self.fault("metrics")
+            return
         breach = output and m.risk_tier in BREACH_TIERS
         timed = output and call is not None and (call.error_type is not None or call.duration is not None)
+        transitions = update.transitions if update is not None else ()
         for sink in self.sinks:
             try:
                 sink.record_message(side, method, tool, direction, m, server)
