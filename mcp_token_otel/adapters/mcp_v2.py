@@ -31,7 +31,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import mcp.client.stdio as client_stdio
 import mcp.server.stdio as server_stdio
@@ -248,7 +248,8 @@ class OutboundCall:
         guarded = rec.guard_active and rec.guards(self.side)
         if guarded:
             self.pending = PendingEvents()
-            refusal = rec.guard_request(self.pending, self.side, self.method, self.params, self.key)
+            # PendingEvents stands in for the span that is not open yet (the guard adds events to it, nothing else).
+            refusal = rec.guard_request(cast(Span, self.pending), self.side, self.method, self.params, self.key)
             if refusal is not None:
                 self.start()
                 refusal = _envelope(refusal, self.version)
