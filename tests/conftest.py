@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 
 from mcp_token_otel.core.measure import Policy
+
+from .support import fresh_otel_globals
 
 
 def chars4(text: str) -> int:
@@ -17,3 +20,10 @@ def chars4(text: str) -> int:
 @pytest.fixture
 def chars4_policy() -> Policy:
     return Policy(estimator=chars4, estimator_name="chars/4")
+
+
+@pytest.fixture
+def otel_globals() -> Iterator[None]:
+    """Unset global tracer and meter providers for one test (restored after it): no fresh interpreter needed."""
+    with fresh_otel_globals():
+        yield

@@ -1,7 +1,8 @@
-"""Helpers shared by the test suites: OpenTelemetry handles, a predictable config, a free port."""
+"""Helpers shared by the test suites: OpenTelemetry handles and globals, a predictable config, a free port."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -105,6 +106,27 @@ def otel_session(exporter: InMemorySpanExporter, tracer_provider: TracerProvider
     yield Otel(exporter, reader, tracer_provider, meter_provider)
     exporter.clear()
     meter_provider.shutdown()
+
+
+@contextlib.contextmanager
+def fresh_otel_globals() -> Iterator[None]:
+    """OpenTelemetry's global tracer and meter providers as a fresh interpreter has them (unset, settable once),
+    restored afterwards: a scenario about the globals runs in this process, as the contrib test base does it."""
+    from opentelemetry import trace
+    from opentelemetry.metrics import _internal as metrics
+    from opentelemetry.util._once import Once
+
+    trace_saved = (trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, trace._PROXY_TRACER_PROVIDER)
+    metrics_saved = (metrics._METER_PROVIDER_SET_ONCE, metrics._METER_PROVIDER, metrics._PROXY_METER_PROVIDER)
+    trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER = Once(), None
+    trace._PROXY_TRACER_PROVIDER = trace.ProxyTracerProvider()
+    metrics._METER_PROVIDER_SET_ONCE, metrics._METER_PROVIDER = Once(), None
+    metrics._PROXY_METER_PROVIDER = metrics._ProxyMeterProvider()
+    try:
+        yield
+    finally:
+        trace._TRACER_PROVIDER_SET_ONCE, trace._TRACER_PROVIDER, trace._PROXY_TRACER_PROVIDER = trace_saved
+        metrics._METER_PROVIDER_SET_ONCE, metrics._METER_PROVIDER, metrics._PROXY_METER_PROVIDER = metrics_saved
 
 
 def instrumented_session(otel: Otel) -> Iterator[Any]:

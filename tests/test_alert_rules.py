@@ -195,6 +195,7 @@ def test_rule_test_files_exist() -> None:
 
 
 @pytest.mark.parametrize("test_file", RULE_TESTS, ids=[p.name for p in RULE_TESTS])
+@pytest.mark.slow
 def test_promtool_test_rules(test_file: Path) -> None:
     _assert_success(_run(_tool("promtool"), "test", "rules", test_file))
 

@@ -26,6 +26,8 @@ import yaml
 
 from .support import free_port, require_binary
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy/prometheus/rules/mcp-token-otel.rules.yml"
 PROMETHEUS_YML = ROOT / "deploy/prometheus/prometheus.yml"

@@ -450,6 +450,7 @@ def _scrape(url: str) -> dict[str, set[str]]:
     return families
 
 
+@pytest.mark.slow
 def test_dashboards_and_rules_chart_exactly_what_the_service_emits(live: Live) -> None:
     families = _scrape(live.metrics_url)
     emitted = set().union(*families.values())
@@ -501,6 +502,7 @@ def _run_target(live: Live, target: dict[str, Any], expr: str) -> list[dict[str,
                 step="5")["result"]
 
 
+@pytest.mark.slow
 def test_every_panel_query_returns_data(live: Live) -> None:
     all_values = {"job": ".+", "instance": ".+", "server": ".+", "side": ".+", "tool": ".+"}
     tools = _api(live.prometheus, "/api/v1/label/tool/values")
@@ -527,6 +529,7 @@ def test_every_panel_query_returns_data(live: Live) -> None:
     assert not alerts_only, "no firing alert to show:\n" + "\n".join(alerts_only)
 
 
+@pytest.mark.slow
 def test_every_template_variable_has_values(live: Live) -> None:
     now = time.time()
     for name, dash in dashboards().items():
@@ -544,6 +547,7 @@ def test_every_template_variable_has_values(live: Live) -> None:
             assert values, f"{name}: variable {var['name']} has no values"
 
 
+@pytest.mark.slow
 def test_histogram_panels_carry_exemplars(live: Live) -> None:
     """Exemplars (trace ids) reach Prometheus, so the histogram panels can link to traces."""
     now = time.time()

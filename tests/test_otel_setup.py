@@ -52,6 +52,7 @@ def dead_collector() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
+@pytest.mark.slow
 def test_exit_with_a_dead_collector_is_bounded(dead_collector: str, tmp_path: Any) -> None:
     app = tmp_path / "app.py"
     app.write_text(APP)

@@ -189,6 +189,7 @@ def _run_configure(port: int, arg: str) -> dict[str, Any]:
 
 
 @pytest.mark.skipif(not IS_MCP_V2, reason="uses mcp 2.x Client(server)")
+@pytest.mark.slow
 def test_configure_otel_honours_env(receiver: Receiver) -> None:
     out = _run_configure(receiver.port, "fresh")
     assert out["configured"] is True
@@ -202,6 +203,7 @@ def test_configure_otel_honours_env(receiver: Receiver) -> None:
 
 
 @pytest.mark.skipif(not IS_MCP_V2, reason="uses mcp 2.x Client(server)")
+@pytest.mark.slow
 def test_configure_otel_leaves_preconfigured_alone(receiver: Receiver) -> None:
     out = _run_configure(receiver.port, "preconfigured")
     assert out == {"configured": False, "same": True}

@@ -97,6 +97,7 @@ def run_instrumented(tmp_path: Path, **env: str) -> list[dict]:
     return json.loads(launch(tmp_path, APP, **env).stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_opentelemetry_instrument_runs_the_shim_with_no_code_change(tmp_path: Path) -> None:
     spans = run_instrumented(tmp_path, MCP_TOKEN_OTEL_ESTIMATOR="chars/4")
     # The SDK's own spans, enriched: the client one keeps the SDK's name.
@@ -105,11 +106,13 @@ def test_opentelemetry_instrument_runs_the_shim_with_no_code_change(tmp_path: Pa
     assert all(tokens >= 625 for tokens in measured.values())  # 2500 chars at chars/4
 
 
+@pytest.mark.slow
 def test_opentelemetry_instrument_can_disable_it(tmp_path: Path) -> None:
     spans = run_instrumented(tmp_path, OTEL_PYTHON_DISABLED_INSTRUMENTATIONS="mcp_token_otel")
     assert spans and all(s["output"] is None for s in spans)  # the SDK's own spans, without our attributes
 
 
+@pytest.mark.slow
 def test_a_bad_configuration_is_one_log_line_and_nothing_instrumented(tmp_path: Path) -> None:
     out = launch(tmp_path, APP, MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW="lots",
                  MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_USERNAME="u", MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_PASSWORD="pw1")
@@ -135,6 +138,7 @@ def test_a_direct_instrument_call_raises_on_a_bad_configuration(monkeypatch: pyt
     assert Server.__init__ is before
 
 
+@pytest.mark.slow
 def test_with_opentelemetry_distro_an_app_without_otel_code_is_measured(tmp_path: Path) -> None:
     """The ``auto`` extra (opentelemetry-distro) is the configurator that makes the zero-code path work."""
     if importlib.util.find_spec("opentelemetry.distro") is None:

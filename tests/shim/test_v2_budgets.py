@@ -84,6 +84,7 @@ def test_in_process_auto_two_clients_are_two_sessions(otel: Otel, instrumented: 
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.slow
 def test_stdio(otel: Otel, instrumented: Any, tmp_path: Path, mode: str) -> None:
     spans_file = tmp_path / "spans.jsonl"
     env = {"MCP_TOKEN_TEST_INSTRUMENT": "1", "MCP_TOKEN_TEST_SPANS": str(spans_file)}

@@ -56,7 +56,7 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     ("structured", {"n": 20}), ("large", {}), ("nope", {}), ("text", {"n": "not a number"}), ("text", {"n": 500}),
 ]
 FAULTS = ["estimator", "span_processor", "exporter", "meter", "sink", "slow_sink", "budget", "prometheus"]
-TRANSPORTS = ["memory-auto", "memory-legacy", "stdio", "http"]
+TRANSPORTS = ["memory-auto", "memory-legacy", pytest.param("stdio", marks=pytest.mark.slow), "http"]
 
 
 async def run_script(client: Client) -> list[Any]:

@@ -21,6 +21,8 @@ import pytest
 
 from ..support import ROOT
 
+pytestmark = pytest.mark.slow
+
 APP = Path(__file__).parent / "servers" / "transparency_app.py"
 TRANSPORTS = ["auto", "legacy", "http"]
 SDK, OURS = "mcp-python-sdk", "mcp_token_otel"

@@ -28,6 +28,7 @@ def stdio_params(spans_file: Path | None) -> StdioServerParameters:
 
 
 @pytest.mark.parametrize("instrument_client", [True, False], ids=["both", "server-only"])
+@pytest.mark.slow
 def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -> None:
     from mcp_token_otel.instrumentation import instrument, uninstrument
 
@@ -72,6 +73,7 @@ def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -
         assert srv["parent_id"] == f"{client.context.span_id:016x}"
 
 
+@pytest.mark.slow
 def test_mcp_server_time_stdio(otel: Otel, instrumented: Any) -> None:
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "mcp_server_time", "--local-timezone", "UTC"]
