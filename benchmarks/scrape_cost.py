@@ -28,8 +28,9 @@ from prometheus_client import generate_latest
 
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.core.measure import Measurement
-from mcp_token_otel.emitters.otel_metrics import CallInfo
+from mcp_token_otel.core.risk import BREACH_TIERS
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.emitters.sink import CallInfo
 from mcp_token_otel.recorder import TokenRecorder
 
 TIER_TOKENS = {"low": 100, "medium": 2000, "high": 6000, "critical": 20_000}
@@ -52,21 +53,22 @@ def populate(
         for name in names:
             for tier, tokens in TIER_TOKENS.items():
                 m = Measurement("output", "tools/call", name, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
-                sink.record_message(side, "tools/call", recorder.tool_names(name), "output", m)
-                sink.record_message(side, "tools/call", recorder.tool_names(name), "input", m)
-                sink.record_breach(side, "tools/call", name, tier)
+                sink.record_message(side, "tools/call", recorder.tool_names(name), "output", m, "")
+                sink.record_message(side, "tools/call", recorder.tool_names(name), "input", m, "")
+                if tier in BREACH_TIERS:  # as the recorder calls it
+                    sink.record_breach(side, "tools/call", name, tier, "")
             sink.record_call(side, "tools/call", name, "", call)
         for method in METHODS:
             for tier, tokens in TIER_TOKENS.items():
                 m = Measurement("output", method, None, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
-                sink.record_message(side, method, None, "output", m)
-                sink.record_message(side, method, None, "input", m)
+                sink.record_message(side, method, None, "output", m, "")
+                sink.record_message(side, method, None, "input", m, "")
             sink.record_call(side, method, None, "", call)
         for state in ("warning", "exhausted"):
-            sink.record_transition(side, state)
-        sink.record_session_end(side, 0.5)
+            sink.record_transition(side, state, "")
+        sink.record_session_end(side, 0.5, "", CallInfo())
     for stage in ("estimate", "span", "budget", "metrics"):
-        sink.record_error(stage)
+        sink.record_error(stage, "")
     return sink
 
 
@@ -91,7 +93,7 @@ class TimedLock:
 
 def time_lock(sink: PrometheusMetrics) -> TimedLock:
     """Swap a timing wrapper in for the lock every aggregate family of ``sink`` shares."""
-    families = [f for f in vars(sink).values() if hasattr(f, "series") and hasattr(f, "_lock")]
+    families = [*sink.hists.values(), *sink.counts.values()]
     timed = TimedLock(families[0]._lock)
     for family in families:
         family._lock = timed

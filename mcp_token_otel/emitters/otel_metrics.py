@@ -24,7 +24,7 @@ from ..semconv import (
     SCOPE_NAME,
 )
 from .aggregate import CountFamily
-from .sink import CallInfo, MetricsSink  # noqa: F401  MetricsSink: imported from here until the recorder moves
+from .sink import CallInfo
 
 #: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
 #: trace-based filter samples points recorded inside a sampled span): exemplars only where they help, on the

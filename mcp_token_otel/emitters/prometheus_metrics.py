@@ -90,16 +90,17 @@ class _AggregateCollector(Collector):
         for family in prometheus_families("recorder"):
             yield self._text(family, copies) if as_text else self._metric(family)
 
-    def _shown(self, family: Family, labels: tuple[str, ...]) -> bool:
+    def _hides_input(self, family: Family) -> bool:
         """The token histogram leaves out the requests' series unless metrics.input_histograms."""
-        return family.name != _TOKENS or self._sink.input_histograms or labels[-1] != "input"
+        return family.name == _TOKENS and not self._sink.input_histograms
 
     def _text(self, family: Family, copies: dict[str, Any]) -> Metric:
         sink = self._sink
         if family.kind == "histogram":
             rows = copies[family.name] = sink.hists[family.name].copy()
-            shown = [row for row in rows if self._shown(family, row[0].labels)]
-            body = text.histogram_text(family, shown)
+            if self._hides_input(family):
+                rows = [row for row in rows if row[0].labels[-1] != "input"]
+            body = text.histogram_text(family, rows)
         elif family.sum_of:
             of = BY_NAME[family.sum_of]
             les = text.bucket_les(of)
@@ -143,8 +144,9 @@ class _AggregateCollector(Collector):
         name = family.name
         les = text.bucket_les(family)
         bucket, total, count, created = f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"
+        hides_input = self._hides_input(family)
         for labels, buckets, value_sum, value_count, created_at, exemplars in self._sink.hists[name].snapshot():
-            if not self._shown(family, labels):
+            if hides_input and labels[-1] == "input":
                 continue
             base = dict(zip(family.labels, labels, strict=True))
             running = 0
