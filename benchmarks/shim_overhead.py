@@ -187,7 +187,7 @@ def run_cell(
             if configs[arm] is not None and floor is None:
                 recorder = instrument(configs[arm])
                 if prometheus and recorder is not None:
-                    recorder.add_sink(PrometheusMetrics(states=recorder.states))
+                    recorder.add_sink(PrometheusMetrics(states=recorder.states), inline=True)
             try:
                 arms[arm].extend(anyio.run(timed_block, mode, payload, seconds, floor))
             finally:

@@ -117,10 +117,6 @@ class TokenRecorder:
         """Whether tool arguments and results go on spans (spans.capture_content or the GenAI switch)."""
         return self._spans.capture
 
-    @property
-    def _capture(self) -> bool:  # the name a test reads; capture_content is the public one
-        return self._spans.capture
-
     def add_sink(self, sink: MetricsSink, *, inline: bool = False) -> None:
         """Send metrics to another sink too.
 
@@ -359,9 +355,6 @@ class TokenRecorder:
         """The bounded ``server`` label of series with no session to tell more: the override, else ``server``
         (a name the caller knows), else the proxy's name."""
         return self._labels.server(None, server)
-
-    def _server(self, meta: SessionMeta | None, server: str | None = None) -> str:  # a test's name for it
-        return self._labels.server(meta, server)
 
     def end_session(self, side: Side, session_id: str | None) -> None:
         """The connection is gone: close its budget (observes ``mcp_token.session.utilization``)."""

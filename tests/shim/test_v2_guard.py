@@ -122,7 +122,7 @@ def guarded(otel: Otel, guard: dict[str, Any] | None = None, **config: Any) -> I
     )
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     try:
         yield recorder, sink
     finally:

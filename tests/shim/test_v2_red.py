@@ -58,7 +58,7 @@ def red(otel: Otel) -> Iterator[tuple[TokenRecorder, PrometheusMetrics]]:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     yield recorder, sink
     uninstrument()
 
@@ -218,7 +218,7 @@ def test_server_name_override_and_bound(otel: Otel) -> None:
                           meter_provider=otel.meter_provider)
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     try:
         run_script()
     finally:
@@ -227,7 +227,7 @@ def test_server_name_override_and_bound(otel: Otel) -> None:
     assert {lab["server"] for lab, _ in found["mcp_token_message_tokens_count"]} == {"fleet-a"}
     # Server names are bounded like tool names.
     bounded = TokenRecorder(make_config(metrics={"max_server_names": 2}), otel.tracer_provider, otel.meter_provider)
-    names = [bounded._server(None, f"server-{i}") for i in range(5)]
+    names = [bounded.server_label(f"server-{i}") for i in range(5)]
     assert names[:2] == ["server-0", "server-1"] and set(names[2:]) == {"_other"}
 
 
@@ -259,7 +259,7 @@ def test_tool_definition_tokens_per_server(otel: Otel, red: tuple[TokenRecorder,
 def test_per_tool_definitions_only_within_the_tool_bound(otel: Otel) -> None:
     rec = TokenRecorder(make_config(metrics={"max_tool_names": 2}), otel.tracer_provider, otel.meter_provider)
     sink = PrometheusMetrics(states=rec.states)
-    rec.add_sink(sink)
+    rec.add_sink(sink, inline=True)
     tools = [{"name": f"t{i}", "description": "d" * 40 * (i + 1), "inputSchema": {"type": "object"}} for i in range(4)]
     rec.record_output(None, "client", "tools/list", None, result={"tools": tools}, session_id="s", server="many")
     found = scrape(sink)
@@ -316,13 +316,13 @@ def test_genai_capture_environment_variable(otel: Otel, monkeypatch: pytest.Monk
     assert done.attributes["gen_ai.tool.call.arguments"] == '{"q": "hello"}'
     assert "hi" in done.attributes["gen_ai.tool.call.result"]
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "false")
-    assert not TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)._capture
+    assert not TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider).capture_content
 
 
 def test_duration_keyword_on_record_output(otel: Otel) -> None:
     rec = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
     sink = PrometheusMetrics(states=rec.states)
-    rec.add_sink(sink)
+    rec.add_sink(sink, inline=True)
     rec.record_output(None, "proxy", "tools/call", "t", result={"content": []}, session_id="s", duration_s=1.5)
     found = scrape(sink)
     assert one(found, "mcp_token_operation_duration_seconds_sum", side="proxy", tool="t") == 1.5

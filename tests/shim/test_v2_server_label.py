@@ -54,7 +54,7 @@ def instrumented(otel: Otel, **config: Any) -> tuple[TokenRecorder, PrometheusMe
                           meter_provider=otel.meter_provider)
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     return recorder, sink
 
 
@@ -107,9 +107,7 @@ def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup
     recorder, sink = instrumented(otel, metrics={"server_name": "billing"})
 
     class Broken:
-        """A built-in style sink that fails on every message: each failure is a counted fault."""
-
-        server_aware = True
+        """A sink that fails on every message: each failure is a counted fault."""
 
         def record_message(self, *args: Any) -> None:
             raise RuntimeError("sink down")
@@ -117,7 +115,7 @@ def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup
         def __getattr__(self, name: str) -> Any:
             return lambda *args: None
 
-    recorder.add_sink(Broken())
+    recorder.add_sink(Broken(), inline=True)
 
     async def main() -> None:
         async with Client(make_server("alpha"), mode="legacy") as client:
@@ -147,7 +145,7 @@ def test_faults_without_a_configured_name_carry_the_proxy_name_or_nothing(otel: 
     for name, expected in ((None, ""), ("px", "px")):
         recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider, server_name=name)
         sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-        recorder.add_sink(sink)
+        recorder.add_sink(sink, inline=True)
         recorder.policy = Policy(estimator=_raising_estimator, estimator_name="broken")
         assert recorder.record_input(None, "client", "tools/call", {"name": "t"}, "s1") is None  # a fault
         found = scrape(sink)
@@ -159,7 +157,7 @@ def test_faults_without_a_configured_name_carry_the_proxy_name_or_nothing(otel: 
 def test_an_initialize_that_never_gets_its_result_is_still_recorded(otel: Otel) -> None:
     recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
     sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
     measured = recorder.record_input(None, "client", "initialize", params, "conn-1")
     assert isinstance(measured, Measurement)
@@ -176,7 +174,7 @@ def test_an_initialize_that_never_gets_its_result_is_still_recorded(otel: Otel) 
 def test_a_failed_initialize_is_recorded_with_its_error(otel: Otel) -> None:
     recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
     sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     recorder.record_input(None, "client", "initialize", {"protocolVersion": "1999-01-01"}, "conn-2")
     recorder.record_output(None, "client", "initialize", None, error={"code": -32602, "message": "bad version"},
                            session_id="conn-2")

@@ -42,7 +42,7 @@ def test_v1_durations_errors_and_server_names(otel: Otel) -> None:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     listed: list[Any] = []
     try:
 

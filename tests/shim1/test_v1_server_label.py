@@ -19,7 +19,7 @@ def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
     sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-    recorder.add_sink(sink)
+    recorder.add_sink(sink, inline=True)
     server = FastMCP(SERVER)
 
     @server.tool()
