@@ -162,3 +162,12 @@ def test_the_proxy_families_are_exactly_the_catalog_ones_on_metrics_and_opentele
     # The proxy's OpenTelemetry counters need the global meter provider: set in a fresh interpreter.
     out = subprocess.run([sys.executable, "-c", PROXY_OTEL], check=True, capture_output=True, timeout=120)
     assert set(json.loads(out.stdout)) == {f.otel_name for f in otel_families("proxy")}
+
+
+def test_the_docs_metrics_table_is_the_catalog() -> None:
+    from mcp_token_otel.catalog import markdown_table
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "instrumentation.md").read_text(encoding="utf-8")
+    assert markdown_table() in doc, "run: python -m mcp_token_otel.catalog docs/instrumentation.md"
+    for family in FAMILIES:  # not vacuous: the table names every family
+        assert f"`{family.sample_name if family.name else family.otel_name}`" in doc
