@@ -14,6 +14,8 @@ import pytest
 
 from ..support import ROOT, npm_peer
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("options", [[], ["--inject-trace-context"]], ids=["default", "inject"])
 def test_conformance_same_through_proxy(options: list[str]) -> None:

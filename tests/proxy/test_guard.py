@@ -43,7 +43,7 @@ __all__ = ["everything_http"]  # the module-scoped fixture (server-everything ov
 GUARD_SERVER = Path(__file__).parent / "servers" / "guard_server.py"
 RAW_CHILD = Path(__file__).parent / "servers" / "raw_child.py"
 CAP = 300
-TRANSPORTS = ["stdio", "http-sse", "http-json"]
+TRANSPORTS = [pytest.param("stdio", marks=pytest.mark.slow), "http-sse", "http-json"]
 
 # Every policy at once; the session window is small enough that reading 400 lines exhausts it.
 ALL_POLICIES = {
@@ -214,7 +214,7 @@ def _event_attrs(event: Any) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http-sse"])
+@pytest.mark.parametrize("transport", [pytest.param("stdio", marks=pytest.mark.slow), "http-sse"])
 def test_enforce_2026_protocol(transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2026 protocol (Client mode "auto"; over HTTP sessionless, each exchange its own): the cap applies,
     and the proxy's refusal carries the resultType that protocol's results have."""
@@ -242,7 +242,7 @@ def test_enforce_2026_protocol(transport: str, tmp_path: Path, monkeypatch: pyte
                                    "shown to continue.]")
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http-sse"])
+@pytest.mark.parametrize("transport", [pytest.param("stdio", marks=pytest.mark.slow), "http-sse"])
 def test_enforce_session_hard_limit(transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Reading 400 lines exhausts a 4,000-token window; the next call is answered by the proxy."""
     env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_SESSION_HARD_LIMIT": "true",
@@ -270,7 +270,7 @@ def test_enforce_session_hard_limit(transport: str, tmp_path: Path, monkeypatch:
     assert _guard_count(text, policy="session_limit", action="refused", tool="small") == 1
 
 
-@pytest.mark.parametrize("transport", ["stdio", "http-sse"])
+@pytest.mark.parametrize("transport", [pytest.param("stdio", marks=pytest.mark.slow), "http-sse"])
 def test_enforce_rate_limit(transport: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_RATE_LIMIT": "true",
            "MCP_TOKEN_OTEL_GUARD_CALLS_PER_MINUTE": "2"}
@@ -340,6 +340,7 @@ def test_guards_off_http_byte_identical(env: dict[str, str], tmp_path: Path, mon
     assert proxied.content == direct.content and b"io.github.mcp-token-otel" not in proxied.content
 
 
+@pytest.mark.slow
 def test_everything_http_enforce_sampling_and_progress(everything_http: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """server-everything (npm) through the HTTP proxy with annotations enforced: SSE answers with progress
     notifications, a tool that samples (the client's sampling result POSTed back goes through the guards too)."""
@@ -367,6 +368,7 @@ def test_everything_http_enforce_sampling_and_progress(everything_http: str, mon
     assert sample(text, "mcp_token_instrumentation_errors_total", stage="guard") == 0
 
 
+@pytest.mark.slow
 def test_conformance_same_through_observing_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """The MCP conformance suite (scripts/conformance-proxy) through the HTTP proxy with every policy observing
     (limits low enough that each one fires): the same result for every check as directly."""

@@ -98,6 +98,7 @@ async def _everything_session(url: str) -> list[Any]:
             return out
 
 
+@pytest.mark.slow
 def test_everything_http_through_proxy(everything_http: str, receiver: Receiver) -> None:
     direct = anyio.run(_everything_session, everything_http)
     with http_proxy(everything_http, "--name", "everything-http", otlp_port=receiver.port) as (base, mport):

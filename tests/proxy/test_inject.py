@@ -95,6 +95,7 @@ def test_stdio_on_injects_the_proxy_span(tmp_path: Path, receiver: Receiver) -> 
 
 
 @pytest.mark.parametrize("inject", [False, True])
+@pytest.mark.slow
 def test_sdk_server_span_parented_to_the_proxy_span(inject: bool, receiver: Receiver) -> None:
     """The project's test server (mcp SDK with a tracer provider): its SERVER span's parent is the proxy span."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,6 +132,7 @@ def test_sdk_server_span_parented_to_the_proxy_span(inject: bool, receiver: Rece
         assert sdk["parent_id"] is None and sdk["trace_id"] != proxy[1]  # two unrelated traces
 
 
+@pytest.mark.slow
 def test_http_injection_on_and_off(receiver: Receiver) -> None:
     bodies: list[bytes] = []
 

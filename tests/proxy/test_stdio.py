@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -126,6 +127,7 @@ def test_own_server_through_proxy(receiver: Receiver) -> None:
     assert "initialize" in spans and "tools/list" in spans
 
 
+@pytest.mark.slow
 def test_mcp_server_time_through_proxy(receiver: Receiver) -> None:
     """A third-party PyPI server: identical answers for a deterministic conversion."""
     command = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
@@ -145,6 +147,7 @@ def test_mcp_server_time_through_proxy(receiver: Receiver) -> None:
     assert a["mcp_token.output_tokens"] > 0 and a["mcp_token.input_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_server_everything_stdio_through_proxy(receiver: Receiver) -> None:
     """The reference TypeScript server over stdio, including a server-to-client request (sampling)."""
     command = [everything(), "stdio"]

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, wait_for
 
 CHILD = Path(__file__).parent / "servers" / "raw_child.py"
@@ -89,6 +91,7 @@ def test_messages_forwarded_unchanged_and_counted(receiver: Receiver) -> None:
     assert "resources/read" in spans
 
 
+@pytest.mark.slow
 def test_100_mb_line_relayed_whole() -> None:
     """A 100 MB message on one line, written while nobody reads yet (backpressure), comes back intact."""
     payload = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -143,6 +146,7 @@ def test_stdin_eof_passed_on() -> None:
     assert code == 3, err
 
 
+@pytest.mark.slow
 def test_server_ignoring_eof_is_terminated() -> None:
     proc = _start_proxy(_child("sleeper"))
     assert proc.stdout is not None
