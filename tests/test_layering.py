@@ -29,7 +29,7 @@ IO_MODULES = (
     "subprocess",
     "multiprocessing",
     "http",
-    "urllib",
+    "urllib.request",  # urllib.parse is computation (percent-decoding), not I/O
     "socketserver",
     "signal",
 )
