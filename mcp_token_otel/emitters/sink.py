@@ -55,6 +55,9 @@ class MetricsSink(Protocol):
     def record_session_evicted(self, side: str, server: str) -> None:
         """A live session's bookkeeping was dropped to stay within ``budget.max_sessions`` (least recently used)."""
 
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        """Tokens of a message that no budget key (``budget.key``) could attribute to a conversation."""
+
     def record_error(self, stage: str, server: str) -> None:
         """An instrumentation fault at ``stage`` (the MCP call went on unchanged)."""
 
@@ -91,6 +94,9 @@ class BaseSink:
         return None
 
     def record_session_evicted(self, side: str, server: str) -> None:
+        return None
+
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
         return None
 
     def record_error(self, stage: str, server: str) -> None:
