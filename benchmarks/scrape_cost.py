@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 from types import TracebackType
+from typing import Any
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
@@ -93,7 +94,7 @@ class TimedLock:
 
 def time_lock(sink: PrometheusMetrics) -> TimedLock:
     """Swap a timing wrapper in for the lock every aggregate family of ``sink`` shares."""
-    families = [*sink.hists.values(), *sink.counts.values()]
+    families: list[Any] = [*sink.hists.values(), *sink.counts.values()]
     timed = TimedLock(families[0]._lock)
     for family in families:
         family._lock = timed

@@ -3,6 +3,8 @@ series that exist keep counting (the Prometheus and the OpenTelemetry pre-aggreg
 
 from __future__ import annotations
 
+from typing import Any
+
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.metrics.view import View
@@ -66,7 +68,7 @@ def test_opentelemetry_folds_new_attribute_sets_past_the_cap_and_counts_them() -
     failed_calls(sink)
     data = reader.get_metrics_data()
     assert data is not None
-    points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
+    points: dict[str, Any] = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
               for m in sm.metrics}
     errors = {p.attributes.get("gen_ai.tool.name"): p for p in points["mcp_token.call.errors"]}
     assert errors["tool0"].value == 2

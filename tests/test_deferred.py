@@ -133,8 +133,9 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars(defer: b
                                    result={"content": [{"type": "text", "text": "ok"}]}, session_id="s")
         # No explicit flush: collecting runs the drain callback before reading the histograms.
         data = reader.get_metrics_data()
-        points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
-                  for m in sm.metrics}
+        assert data is not None
+        points: dict[str, Any] = {m.name: m.data.data_points for rm in data.resource_metrics
+                                  for sm in rm.scope_metrics for m in sm.metrics}
         by_tool = {p.attributes["gen_ai.tool.name"]: p for p in points["mcp_token.message.tokens"]}
         assert by_tool["big"].count == 1 and by_tool["big"].sum >= 10_000
         assert any(e.trace_id == trace_id for e in by_tool["big"].exemplars)  # a critical response: trace kept
