@@ -76,7 +76,7 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
 
     name = args.name or default_name(command)
     _check_metrics_port(args, config)
-    proxy = StdioProxy(command, None, name=name, inject=args.inject_trace_context)
+    proxy = StdioProxy(command, name=name, inject=args.inject_trace_context)
     proxy.start()  # the server boots while the measuring process starts
     try:
         telemetry = _telemetry(args, config, name)
@@ -85,9 +85,8 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
         proxy.proc.kill()
         proxy.proc.wait()
         raise
-    proxy.telemetry = telemetry
     try:
-        return proxy.run()
+        return proxy.run(telemetry)
     finally:
         telemetry.close()
 

@@ -1,13 +1,15 @@
-"""The streamable-HTTP reverse proxy: a lean HTTP/1.1 relay on raw asyncio streams.
+"""The streamable-HTTP :class:`~.transport.Transport`: a lean HTTP/1.1 relay on raw asyncio streams.
 
-Each client connection is served by one coroutine: it reads a request head (strict limits: 64 KiB, 100
-header lines, a deadline against slow senders), forwards it to the upstream's origin at the same path and
-query on a kept-alive upstream connection from a small pool, relays the request body (by ``Content-Length``
-or chunked) and the response (by ``Content-Length``, chunked, or until the upstream closes) as the bytes
-arrive, then waits for the client's next request (keep-alive). Every header but the hop-by-hop ones goes
-through untouched, ``Host`` and ``Origin`` included: a server's DNS-rebinding protection sees what the
-client sent (rewriting Host would let a rebinding page through a protecting server). ``Mcp-Session-Id``,
-``WWW-Authenticate``, 401s and the OAuth ``/.well-known/...`` paths pass like anything else.
+Each client connection is served by one coroutine: it reads a request head (parsed by llhttp, see
+http1.py; strict limits: 64 KiB, 100 header lines, one deadline for the whole head and another for the whole
+body against slow senders), forwards it to the upstream's origin at the same path and query on a kept-alive
+upstream connection from a small pool, relays the request body (by ``Content-Length`` or chunked) and the
+response (by ``Content-Length``, chunked, or until the upstream closes) as the bytes arrive, then takes the
+client's next request (keep-alive; pipelined requests are answered in order). Every header but the
+hop-by-hop ones goes through untouched, ``Host`` and ``Origin`` included: a server's DNS-rebinding
+protection sees what the client sent (rewriting Host would let a rebinding page through a protecting
+server). ``Mcp-Session-Id``, ``WWW-Authenticate``, 401s and the OAuth ``/.well-known/...`` paths pass like
+anything else.
 
 Backpressure: a write waits (``drain``) while the peer's socket is full, and the other side is read no faster.
 A client that goes away mid-stream closes the upstream connection; an upstream that dies mid-stream ends the
@@ -30,10 +32,11 @@ import urllib.parse
 from collections import OrderedDict
 from typing import Any
 
-from .guard import BodyGuard, SseGuard
+from .http1 import DATA, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError
 from .inject import Injector
 from .jsonrpc import A_SERVER_NAME, BODY, C2S, S2C, SSE
 from .telemetry import StartupError, check_port_free
+from .transport import Channel
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -42,33 +45,30 @@ HOP_BY_HOP = frozenset({
     b"trailer", b"transfer-encoding", b"upgrade",
 })
 MAX_SESSIONS = 10_000
-#: Limits against misbehaving clients (and upstreams): head size, header count, open client connections.
-MAX_HEAD = 64 * 1024
-MAX_HEADERS = 100
+#: Open client connections at most; beyond, new ones are answered 503 and closed.
 MAX_CONNECTIONS = 1024
 #: Seconds a client has to send a whole request head once it started one; an idle keep-alive connection
 #: is closed after KEEPALIVE_IDLE seconds without a new request.
 HEADER_TIMEOUT = 10.0
 KEEPALIVE_IDLE = 75.0
+#: Seconds a client has to send a whole request body (``HttpProxy(body_timeout=...)``).
+BODY_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 #: Request bodies up to this size are read whole and sent with the head in one write (and may be retried
 #: on a fresh upstream connection when a pooled one turns out closed); larger or chunked ones stream.
 SMALL_BODY = 1024 * 1024
 CHUNK = 64 * 1024
 MAX_IDLE_UPSTREAM = 64
-
-
-class HttpError(Exception):
-    """A request we refuse before it goes upstream: status and a short reason."""
-
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
+#: Wire event: the peer closed the connection.
+CLOSED = -1
 
 
 class UpstreamBroken(Exception):
     """The upstream failed (reset, EOF, bad framing) after the response started."""
+
+
+class ClientGone(Exception):
+    """The client left (or was cut off at the body deadline) in the middle of its request body."""
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -85,44 +85,6 @@ def _nodelay(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def _parse_head(head: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """The first line and the header fields of a head ending with CRLF CRLF; HttpError when malformed."""
-    lines = head[:-4].split(b"\r\n")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise HttpError(431, "Request Header Fields Too Large")
-    headers: list[tuple[bytes, bytes]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        # No obsolete line folding, no whitespace in or around names (request smuggling vectors).
-        if not sep or not name or name != name.strip() or b" " in name or b"\t" in name or b"\n" in line:
-            raise HttpError(400, "Bad Request")
-        headers.append((name, value.strip(b" \t")))
-    return lines[0], headers
-
-
-def _framing(headers: list[tuple[bytes, bytes]]) -> tuple[int | None, bool, bool]:
-    """(content length, chunked, connection close) from header fields; HttpError when contradictory."""
-    length: int | None = None
-    chunked = False
-    close = False
-    for name, value in headers:
-        lower = name.lower()
-        if lower == b"content-length":
-            if not value.isdigit() or (length is not None and int(value) != length):
-                raise HttpError(400, "Bad Request")
-            length = int(value)
-        elif lower == b"transfer-encoding":
-            codings = [c.strip().lower() for c in value.split(b",")]
-            if codings[-1] != b"chunked" or chunked:
-                raise HttpError(501, "Not Implemented")
-            chunked = True
-        elif lower == b"connection":
-            close = close or b"close" in value.lower()
-    if chunked and length is not None:
-        raise HttpError(400, "Bad Request")
-    return length, chunked, close
-
-
 def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
     """Header names listed in Connection (hop-by-hop too, RFC 9110 7.6.1)."""
     out: set[bytes] = set()
@@ -132,28 +94,30 @@ def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
     return out
 
 
-async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> Any:
-    """Yield the data of a chunked body as it arrives (trailers read and dropped)."""
-    while True:
-        line = await reader.readuntil(b"\r\n")
-        size_text = line[:-2].split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise HttpError(400, "Bad Request") from None
-        if size == 0:
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":  # trailer fields
-                pass
-            return
-        left = size
-        while left:
-            data = await reader.read(min(left, limit))
+class Wire:
+    """The reading side of one connection: bytes from the socket through the parser, events out in order."""
+
+    __slots__ = ("parser", "reader", "transport")
+
+    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport) -> None:
+        self.reader = reader
+        self.parser = parser
+        self.transport = transport  # aborted when a deadline passes
+
+    async def next(self) -> tuple[int, Any]:
+        """The next event (http1.HEAD, DATA, END, ERROR), or CLOSED."""
+        events = self.parser.events
+        while not events:
+            data = await self.reader.read(CHUNK)
             if not data:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(data)
-            yield data
-        if await reader.readexactly(2) != b"\r\n":
-            raise HttpError(400, "Bad Request")
+                return CLOSED, None
+            self.parser.feed(data)
+        return events.popleft()
+
+    @property
+    def spent(self) -> bool:
+        """Nothing read past the message just ended (a connection that may be reused)."""
+        return not self.parser.events and not self.parser.in_head and not self.parser.failed
 
 
 class Upstream:
@@ -195,8 +159,12 @@ class Upstream:
 
 
 class HttpProxy:
+    """The HTTP transport: bytes arrive and leave on TCP connections; a message is a body or an SSE event."""
+
+    network = "tcp"
+
     def __init__(self, upstream: str, host: str, port: int, *, name: str | None = None,
-                 inject: bool = False) -> None:
+                 inject: bool = False, body_timeout: float = BODY_TIMEOUT) -> None:
         try:
             url = urllib.parse.urlsplit(upstream)
             upstream_port = url.port  # ValueError when out of range or not a number
@@ -209,8 +177,9 @@ class HttpProxy:
         self.upstream_host = url.hostname
         self.upstream_port = upstream_port or (443 if url.scheme == "https" else 80)
         self.host, self.port = host, port
-        self.name = name or url.hostname
+        self.name: str = name or url.hostname
         self.inject = inject
+        self.body_timeout = body_timeout
 
     def check(self) -> None:
         check_port_free(self.host, self.port, "the proxy")
@@ -271,7 +240,7 @@ class Relay:
         self.connections: set[asyncio.Task[Any]] = set()
         self.idle: set[asyncio.Task[Any] | None] = set()
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
-        #: Guards on (guard.py): request bodies that may be refused and response bodies are guarded on the path.
+        #: Guards on (guard.py): a request body that may be refused is guarded whole before it goes upstream.
         self.guard = getattr(telemetry.measurer, "guarded", False) is True
         self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
                        A_SERVER_NAME: proxy.name}
@@ -281,10 +250,10 @@ class Relay:
     def _tracker(self, session_id: str | None) -> Any:
         measurer = self.telemetry.measurer
         if session_id is None:  # its own exchange: closed when the response ends
-            return measurer.tracker(session_key=None, transport="tcp", attributes=self._attrs)
+            return measurer.tracker(session_key=None, transport=HttpProxy.network, attributes=self._attrs)
         tracker = self.sessions.get(session_id)
         if tracker is None:
-            tracker = measurer.tracker(session_key=session_id, session_id=session_id, transport="tcp",
+            tracker = measurer.tracker(session_key=session_id, session_id=session_id, transport=HttpProxy.network,
                                        attributes=self._attrs)
             self.sessions[session_id] = tracker
             if len(self.sessions) > MAX_SESSIONS:  # sessions never DELETEd: the oldest goes
@@ -327,8 +296,8 @@ class Relay:
             return
         self.connections.add(task)
         try:
-            await self._connection(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
+            await self._connection(Wire(reader, Http1Parser(), writer.transport), writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError):
             pass
         except asyncio.CancelledError:
             pass
@@ -338,64 +307,71 @@ class Relay:
             self.connections.discard(task)
             writer.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, wire: Wire, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
-        transport = writer.transport
+        transport = wire.transport
         task = asyncio.current_task()
+        parser = wire.parser
         timeout = HEADER_TIMEOUT
-        carry = b""  # bytes of the next request read while watching for a disconnect
         while True:
             # Deadlines by timer (cheaper than wait_for's task per read): an idle keep-alive connection waits for
-            # the first byte of its next request, then a started head must be complete in HEADER_TIMEOUT.
+            # the first bytes of its next request, then a started head must be complete in HEADER_TIMEOUT.
             timer = None
+            while parser.events and parser.events[0][0] == END:
+                parser.events.popleft()  # the end of a request without a body
             try:
-                if not carry:
+                if not parser.events and not parser.in_head:
                     timer = loop.call_later(timeout, transport.abort)
                     self.idle.add(task)  # between requests: a shutdown need not wait for it
                     try:
-                        carry = await reader.read(1)
+                        data = await wire.reader.read(CHUNK)
                     finally:
                         self.idle.discard(task)
                     timer.cancel()
-                    if not carry:
+                    if not data:
                         return
+                    parser.feed(data)
                 timer = loop.call_later(HEADER_TIMEOUT, transport.abort)
-                head = carry + await reader.readuntil(b"\r\n\r\n")
-                timer.cancel()
-                carry = b""
-                if len(head) > MAX_HEAD:
-                    raise HttpError(431, "Request Header Fields Too Large")
-                first, headers = _parse_head(head)
-                parts = first.split(b" ")
-                if len(parts) != 3 or not parts[2].startswith(b"HTTP/1.") or not parts[0].isalpha():
-                    raise HttpError(400, "Bad Request")
-                method, target, version = parts
-                length, chunked, close = _framing(headers)
-            except (asyncio.LimitOverrunError, ValueError):  # (readuntil: ValueError once over the limit)
-                await _refuse(writer, HttpError(431, "Request Header Fields Too Large"))
-                await _linger(reader, writer)
-                return
-            except HttpError as exc:
-                await _refuse(writer, exc)
-                await _linger(reader, writer)
-                return
-            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                kind, head = await wire.next()
+            except (TimeoutError, ConnectionError):
                 return  # too slow (aborted) or gone: closed without an answer
             finally:
                 if timer is not None:
                     timer.cancel()
-            keep = version == b"HTTP/1.1" and not close
-            keep, carry = await self._exchange(reader, writer, method, target, headers, length, chunked, keep)
-            if not keep:
+            if kind == ERROR:
+                await _refuse(writer, head)
+                await _linger(wire.reader, writer)
+                return
+            if kind != HEAD:
+                return  # closed (too slow: aborted, or gone) without an answer
+            keep = head.version == b"HTTP/1.1" and head.keep_alive
+            if not await self._exchange(wire, writer, head, keep):
                 return
             timeout = KEEPALIVE_IDLE
 
-    async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: bytes, target: bytes,
-        headers: list[tuple[bytes, bytes]], length: int | None, chunked: bool, keep: bool,
-    ) -> tuple[bool, bytes]:
-        """One request and its response; (keep the client connection, bytes read ahead of the next request)."""
+    async def _body(self, wire: Wire) -> Any:
+        """The request body's pieces as they arrive (chunked framing removed), within the body deadline: a
+        client that dribbles its body is cut off (its connection closed) when the deadline passes."""
+        timer = asyncio.get_running_loop().call_later(self.proxy.body_timeout, wire.transport.abort)
+        try:
+            while True:
+                kind, value = await wire.next()
+                if kind == DATA:
+                    yield value
+                elif kind == END:
+                    return
+                elif kind == ERROR:
+                    raise value
+                else:
+                    raise ClientGone()
+        finally:
+            timer.cancel()
+
+    async def _exchange(self, wire: Wire, writer: asyncio.StreamWriter, request: Head, keep: bool) -> bool:
+        """One request and its response; True when the client connection may take another request."""
         measurer = self.telemetry.measurer
+        method, target, headers, length, chunked = (request.method, request.target, request.headers,
+                                                    request.length, request.chunked)
         drop = HOP_BY_HOP | _connection_tokens(headers) if any(
             n.lower() == b"connection" for n, _ in headers) else HOP_BY_HOP
         out = [method + b" " + target + b" HTTP/1.1\r\n"]
@@ -421,17 +397,20 @@ class Relay:
             measurer.set_tracker(tracker, protocol_version=version)
         up: Any = measurer.stream(tracker, C2S, BODY) if tracker is not None and method == b"POST" else None
         body: bytes | None = None
+        source: Any = None
         if expect and (length or chunked):
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if length is not None and length <= SMALL_BODY:  # the usual POST: whole, then sent with the head
             try:
-                body = await reader.readexactly(length) if length else b""
-            except (asyncio.IncompleteReadError, ConnectionError):  # the client left mid-body
+                body = b"".join([piece async for piece in self._body(wire)])
+            except (ClientGone, ConnectionError, HttpError) as exc:  # left mid-body, cut off, or malformed
                 if up is not None:
                     measurer.finish(up)
                 if tracker is not None and session_id is None:
                     measurer.close_tracker(tracker)
-                return False, b""
+                if isinstance(exc, HttpError):
+                    await _refuse(writer, exc)
+                return False
             if self.injector is not None and tracker is not None and body:
                 new = self.injector.rewrite_body(tracker, body)
                 if new is not body:
@@ -447,107 +426,67 @@ class Relay:
                     if tracker is not None and session_id is None:
                         measurer.close_tracker(tracker)
                     await _answer_json(writer, reply, keep)
-                    return keep, b""
+                    return keep
                 if forward is not None and forward is not body:
                     body = forward
                     length = len(body)
             out.append(b"content-length: %d\r\n" % length)
-        elif length is not None:
-            out.append(b"content-length: %d\r\n" % length)
-        elif chunked:
-            out.append(b"transfer-encoding: chunked\r\n")
+        elif length is not None or chunked:
+            out.append(b"content-length: %d\r\n" % length if length is not None else b"transfer-encoding: chunked\r\n")
+            source = self._body(wire)
         else:
             body = b""  # GET, DELETE...: no body (and a retry on a fresh connection is safe)
         out.append(b"\r\n")
-        head = b"".join(out)
-        response_started = False
+        return await self._forward(wire, writer, request, b"".join(out), body, source, up, tracker, session_id,
+                                   keep)
+
+    async def _forward(
+        self, wire: Wire, writer: asyncio.StreamWriter, request: Head, head: bytes, body: bytes | None,
+        source: Any, up: Any, tracker: Any, session_id: str | None, keep: bool,
+    ) -> bool:
+        """Send the request upstream and relay its response; True when the client connection goes on."""
+        measurer = self.telemetry.measurer
+        method = request.method
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         reusable = False
+        response_started = False
         try:
             try:
-                conn, status, reason, rheaders, rversion = await self._send(
-                    head, body, reader, length, chunked, up, measurer)
+                conn, response, uwire = await self._send(head, body, source, request.chunked, up, measurer)
             except HttpError as exc:
                 await _refuse(writer, exc)
-                return False, b""
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                    UpstreamBroken, ValueError) as exc:
-                logger.warning("mcp-token-otel proxy: upstream %s %s failed: %s",
-                               method.decode("latin-1"), target.decode("latin-1"), exc or type(exc).__name__)
-                await _refuse(writer, HttpError(502, "Bad Gateway"),
-                              b"mcp-token-otel proxy: upstream unreachable\n")
-                return False, b""
-            new_session = _header(rheaders, b"mcp-session-id")
+                return False
+            except ClientGone:
+                return False  # nobody to answer
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, UpstreamBroken) as exc:
+                logger.warning("mcp-token-otel proxy: upstream %s %s failed: %s", method.decode("latin-1"),
+                               request.target.decode("latin-1"), exc or type(exc).__name__)
+                await _refuse(writer, HttpError(502, "Bad Gateway"), b"mcp-token-otel proxy: upstream unreachable\n")
+                return False
+            new_session = response.get(b"mcp-session-id")
             if tracker is not None and session_id is None and new_session:
                 new_id = new_session.decode("latin-1")
                 measurer.set_tracker(tracker, session_key=new_id, session_id=new_id)  # joins the session
             if up is not None:  # measured after the session is known: the request's span carries it
                 measurer.finish(up)
                 up = None
-            rlength, rchunked, rclose = _framing(rheaders)
-            no_body = method == b"HEAD" or status in (204, 304)
-            until_eof = not no_body and rlength is None and not rchunked
-            drop = HOP_BY_HOP | _connection_tokens(rheaders) if rclose or any(
-                n.lower() == b"connection" for n, _ in rheaders) else HOP_BY_HOP
-            rout = [b"HTTP/1.1 %d " % status + reason + b"\r\n"]
-            rout += [n + b": " + v + b"\r\n" for n, v in rheaders if n.lower() not in drop]
-            if not no_body and rlength is None:
-                if keep:
-                    rout.append(b"transfer-encoding: chunked\r\n")
-                else:
-                    until_eof = True
-            if not keep:
-                rout.append(b"connection: close\r\n")
-            rout.append(b"\r\n")
-            rhead = b"".join(rout)
-            down = self._response_stream(tracker, status, rheaders) if not no_body else None
-            guard = None  # guards on: the response is held whole (a JSON body) or by event (SSE), guarded
-            if self.guard and down is not None:
-                guard = SseGuard(measurer, down) if down.framing == SSE else BodyGuard(measurer, down)
-            ureader = conn[0]
             response_started = True
-            if no_body or rlength == 0:
-                writer.write(rhead)
-                await writer.drain()
-                reusable = not rclose and rversion == b"HTTP/1.1"
-            elif guard is not None and isinstance(guard, BodyGuard) and rlength is not None \
-                    and rlength <= measurer.max_message:
-                body = await ureader.readexactly(rlength)
-                forward = guard.finish_body(body)
-                if forward is not body:  # re-serialised: its own length
-                    rhead = b"".join(line for line in rout[:-1] if not line.lower().startswith(b"content-length:")) \
-                        + b"content-length: %d\r\n\r\n" % len(forward)
-                writer.write(rhead + forward)
-                await writer.drain()
-                reusable = not rclose and rversion == b"HTTP/1.1"
-            elif rlength is not None:
-                reusable = await self._relay_length(ureader, writer, rhead, rlength, down, measurer)
-                reusable = reusable and not rclose and rversion == b"HTTP/1.1"
-            else:
-                # Streams (SSE...): relayed chunk by chunk while watching the client for a disconnect.
-                framed = keep  # chunked towards the client, else until close
-                source = _read_chunked(ureader, CHUNK) if rchunked else _read_eof(ureader)
-                carry, completed = await self._relay_stream(reader, writer, rhead, source, framed, down, measurer,
-                                                            guard)
-                if not completed:
-                    return False, b""
-                reusable = rchunked and not rclose and rversion == b"HTTP/1.1"
-                if session_id is not None and (method == b"DELETE" or status == 404):
-                    self._end_session(session_id)
-                return keep, carry
-            if session_id is not None and (method == b"DELETE" or status == 404):
+            reusable, completed = await self._respond(wire, writer, request, response, uwire, tracker, keep)
+            if session_id is not None and (method == b"DELETE" or response.status == 404):
                 self._end_session(session_id)  # gone upstream: its budget closes
-            return keep and not until_eof, b""
+            return completed and keep
         except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
             logger.warning("mcp-token-otel proxy: upstream response broken: %s", exc or type(exc).__name__)
             reusable = False
             if not response_started:
                 await _refuse(writer, HttpError(502, "Bad Gateway"))
-            return False, b""
+            return False
         except (OSError, asyncio.CancelledError):
             reusable = False
             raise
         finally:
+            if source is not None:
+                await source.aclose()  # its body deadline ends with it
             if up is not None:
                 measurer.finish(up)
             if conn is not None:
@@ -558,11 +497,51 @@ class Relay:
             if tracker is not None and session_id is None:
                 measurer.close_tracker(tracker)
 
+    async def _respond(self, wire: Wire, writer: asyncio.StreamWriter, request: Head, response: Head,
+                       uwire: Wire, tracker: Any, keep: bool) -> tuple[bool, bool]:
+        """Relay the response (its head is read); (upstream connection reusable, client connection usable)."""
+        status, rheaders, rlength = response.status, response.headers, response.length
+        no_body = request.method == b"HEAD" or status in (204, 304)
+        until_eof = not no_body and rlength is None and not response.chunked
+        drop = HOP_BY_HOP | _connection_tokens(rheaders) if any(
+            n.lower() == b"connection" for n, _ in rheaders) else HOP_BY_HOP
+        rout = [b"HTTP/1.1 %d " % status + response.reason + b"\r\n"]
+        rout += [n + b": " + v + b"\r\n" for n, v in rheaders if n.lower() not in drop]
+        if not no_body and rlength is None:
+            rout.append(b"transfer-encoding: chunked\r\n" if keep else b"")
+        if not keep:
+            rout.append(b"connection: close\r\n")
+        rout.append(b"\r\n")
+        rhead = b"".join(rout)
+        reusable = response.keep_alive and response.version == b"HTTP/1.1"
+        if no_body or rlength == 0:
+            writer.write(rhead)
+            await writer.drain()
+            return reusable, True
+        channel = self._response_channel(tracker, response)
+        source = _upstream_body(uwire, until_eof)
+        if channel is not None and channel.holds_body and rlength is not None:
+            # Guards on: a JSON body is held whole, guarded, then sent (re-serialised: its own length).
+            body = b"".join([piece async for piece in source])
+            forward = channel.whole(body)
+            channel.finish()
+            if forward is not body:
+                rhead = b"".join(line for line in rout[:-1] if not line.lower().startswith(b"content-length:")) \
+                    + b"content-length: %d\r\n\r\n" % len(forward)
+            writer.write(rhead + forward)
+            await writer.drain()
+            return reusable and uwire.spent, True
+        if rlength is not None:
+            await self._relay_length(writer, rhead, source, channel)
+            return reusable and uwire.spent, True
+        # Streams (SSE...): relayed chunk by chunk while watching the client for a disconnect.
+        completed = await self._relay_stream(wire, writer, rhead, source, keep, channel)
+        return completed and reusable and response.chunked and uwire.spent, completed
+
     async def _send(
-        self, head: bytes, body: bytes | None, reader: asyncio.StreamReader, length: int | None, chunked: bool,
-        up: Any, measurer: Any,
-    ) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], int, bytes, list[tuple[bytes, bytes]], bytes]:
-        """Send the request upstream and read the response head (1xx answers relayed... and skipped)."""
+        self, head: bytes, body: bytes | None, source: Any, chunked: bool, up: Any, measurer: Any,
+    ) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter], Head, Wire]:
+        """Send the request upstream and read the response head (1xx answers are skipped, not relayed)."""
         pooled = self.upstream.take()
         for attempt in (0, 1):
             conn = pooled if pooled is not None and attempt == 0 else await self.upstream.connect()
@@ -574,30 +553,26 @@ class Relay:
                     uwriter.write(head + body if len(body) <= CHUNK else head)
                     if len(body) > CHUNK:
                         uwriter.write(body)
-                    await uwriter.drain()
                 else:
                     uwriter.write(head)
-                    if length is not None:
-                        await _copy_length(reader, uwriter, length, up, measurer)
-                    elif chunked:
-                        async for data in _read_chunked(reader, CHUNK):
-                            if up is not None:
-                                measurer.put(up, data)
-                            uwriter.write(b"%x\r\n" % len(data) + data + b"\r\n")
-                            await uwriter.drain()
+                    async for data in source:
+                        if up is not None:
+                            measurer.put(up, data)
+                        uwriter.write(b"%x\r\n" % len(data) + data + b"\r\n" if chunked else data)
+                        await uwriter.drain()
+                    if chunked:
                         uwriter.write(b"0\r\n\r\n")
-                    await uwriter.drain()
+                await uwriter.drain()
+                uwire = Wire(ureader, Http1Parser(response=True), uwriter.transport)
                 while True:
-                    rhead = await ureader.readuntil(b"\r\n\r\n")
-                    first, rheaders = _parse_head(rhead)
-                    version, _, rest = first.partition(b" ")
-                    code, _, reason = rest.partition(b" ")
-                    if not version.startswith(b"HTTP/1.") or not code.isdigit():
-                        raise UpstreamBroken(f"bad status line {first[:80]!r}")
-                    status = int(code)
-                    if 100 <= status < 200 and status != 101:
-                        continue  # interim answers (100 Continue...) are not relayed
-                    return conn, status, reason, rheaders, version
+                    kind, value = await uwire.next()
+                    if kind == HEAD and not (100 <= value.status < 200 and value.status != 101):
+                        return conn, value, uwire
+                    if kind == ERROR:
+                        raise UpstreamBroken(f"bad response head: {value.reason}")
+                    if kind == CLOSED:
+                        raise asyncio.IncompleteReadError(b"", None)
+                    # an interim answer (100 Continue...) and its end: not relayed
             except (ConnectionError, asyncio.IncompleteReadError) as exc:
                 uwriter.close()
                 # A pooled connection the upstream had closed: once more on a fresh one when the body allows.
@@ -609,71 +584,71 @@ class Relay:
                 raise
         raise UpstreamBroken("no connection")
 
-    async def _relay_length(self, ureader: asyncio.StreamReader, writer: asyncio.StreamWriter, rhead: bytes,
-                            left: int, down: Any, measurer: Any) -> bool:
-        """A body of known length (a JSON answer), relayed straight; True when the whole body went through."""
+    async def _relay_length(self, writer: asyncio.StreamWriter, rhead: bytes, source: Any,
+                            channel: Channel | None) -> None:
+        """A body of known length (a JSON answer), relayed as it arrives."""
         first = True
+        finished = False
         try:
-            while left:
-                data = await ureader.read(min(left, CHUNK))
-                if not data:
-                    raise UpstreamBroken(f"upstream closed with {left} bytes of the body missing")
-                left -= len(data)
-                if down is not None:
-                    measurer.put(down, data)
+            async for data in source:
+                if channel is not None:
+                    data = channel.feed(data)[0]
                 if first:
                     writer.write(rhead + data)  # head and first chunk in one segment
                     first = False
                 else:
                     writer.write(data)
                 await writer.drain()
+            if channel is not None:
+                finished = True
+                rest = channel.finish()[0]
+                if rest or first:
+                    writer.write(rhead + rest if first else rest)
+                    await writer.drain()
         finally:
-            if down is not None:
-                measurer.finish(down)
-        return True
+            if channel is not None and not finished:
+                channel.measurer.finish(channel.stream)
 
-    async def _relay_stream(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, rhead: bytes, source: Any, framed: bool,
-        down: Any, measurer: Any, guard: Any = None,
-    ) -> tuple[bytes, bool]:
-        """Relay a stream until it ends or the client leaves; (bytes read ahead, completed)."""
+    async def _relay_stream(self, wire: Wire, writer: asyncio.StreamWriter, rhead: bytes, source: Any,
+                            framed: bool, channel: Channel | None) -> bool:
+        """Relay a stream until it ends or the client leaves; True when it went through whole. ``framed``:
+        chunked towards the client, else until close."""
         writer.write(rhead)
         await writer.drain()
-        carry = b""
         gone = asyncio.Event()
 
         async def watch() -> None:
-            nonlocal carry
             try:
-                data = await reader.read(CHUNK)
+                data = await wire.reader.read(CHUNK)
             except (ConnectionError, OSError):  # reset by the client: gone too
                 data = b""
             if data:
-                carry = data  # a pipelined request: kept for later; stop watching
+                wire.parser.feed(data)  # a pipelined request: parsed now, answered next; stop watching
             else:
                 gone.set()
 
         async def pump() -> None:
+            finished = False
             try:
                 async for data in source:
-                    if guard is not None:  # whole events (or the whole body) go on once guarded
-                        data = guard.feed(data)
+                    if channel is not None:  # with guards on, whole events go on once guarded
+                        data = channel.feed(data)[0]
                         if not data:
                             continue
-                    elif down is not None:
-                        measurer.put(down, data)
                     writer.write(b"%x\r\n" % len(data) + data + b"\r\n" if framed else data)
                     await writer.drain()
-                rest = guard.finish() if guard is not None else b""
-                if rest:
-                    writer.write(b"%x\r\n" % len(rest) + rest + b"\r\n" if framed else rest)
-                    await writer.drain()
+                if channel is not None:
+                    finished = True
+                    rest = channel.finish()[0]
+                    if rest:
+                        writer.write(b"%x\r\n" % len(rest) + rest + b"\r\n" if framed else rest)
+                        await writer.drain()
                 if framed:
                     writer.write(b"0\r\n\r\n")
                     await writer.drain()
             finally:
-                if down is not None:
-                    measurer.finish(down)
+                if channel is not None and not finished:
+                    channel.measurer.finish(channel.stream)
 
         watching = asyncio.ensure_future(watch())
         pumping = asyncio.ensure_future(pump())
@@ -682,7 +657,7 @@ class Relay:
                 await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
                 if gone.is_set():
                     logger.info("mcp-token-otel proxy: client went away mid-stream; upstream request closed")
-                    return b"", False
+                    return False
                 if watching.done() and not pumping.done():
                     await pumping
                     break
@@ -696,49 +671,41 @@ class Relay:
             pumping.result()
         except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ConnectionError, OSError) as exc:
             logger.warning("mcp-token-otel proxy: upstream stream broken: %s", exc or type(exc).__name__)
-            return b"", False
-        return carry, True
+            return False
+        return True
 
-    def _response_stream(self, tracker: Any, status: int, headers: list[tuple[bytes, bytes]]) -> Any:
-        if tracker is None or status in (401, 403):
+    def _response_channel(self, tracker: Any, response: Head) -> Channel | None:
+        """How a response body is measured (and guarded): JSON bodies and SSE streams, uncompressed; None: not."""
+        if tracker is None or response.status in (401, 403):
             return None
-        encoding = (_header(headers, b"content-encoding") or b"identity").lower()
+        encoding = (response.get(b"content-encoding") or b"identity").lower()
         if encoding != b"identity":
             return None  # relayed as is; compressed bodies are not measured
-        ctype = (_header(headers, b"content-type") or b"").split(b";")[0].strip().lower()
+        ctype = (response.get(b"content-type") or b"").split(b";")[0].strip().lower()
+        measurer = self.telemetry.measurer
         if ctype == b"text/event-stream":
-            return self.telemetry.measurer.stream(tracker, S2C, SSE)
+            return Channel(measurer, tracker, S2C, SSE)
         if ctype == b"application/json":
-            return self.telemetry.measurer.stream(tracker, S2C, BODY)
+            # Guards on, a body known to be too large to hold is measured as it passes, never held.
+            large = self.guard and response.length is not None and response.length > measurer.max_message
+            return Channel(measurer, tracker, S2C, BODY, guard=not large)
         return None
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
-    for key, value in headers:
-        if key.lower() == name:
-            return value
-    return None
-
-
-async def _read_eof(reader: asyncio.StreamReader) -> Any:
+async def _upstream_body(uwire: Wire, until_eof: bool) -> Any:
+    """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
     while True:
-        data = await reader.read(CHUNK)
-        if not data:
+        kind, value = await uwire.next()
+        if kind == DATA:
+            yield value
+        elif kind == END:
             return
-        yield data
-
-
-async def _copy_length(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, left: int, up: Any,
-                       measurer: Any) -> None:
-    while left:
-        data = await reader.read(min(left, CHUNK))
-        if not data:
-            raise asyncio.IncompleteReadError(b"", left)
-        left -= len(data)
-        if up is not None:
-            measurer.put(up, data)
-        writer.write(data)
-        await writer.drain()
+        elif kind == CLOSED:
+            if until_eof:
+                return
+            raise UpstreamBroken("upstream closed before the end of the body")
+        elif kind == ERROR:
+            raise UpstreamBroken(f"bad response body: {value.reason}")
 
 
 async def _answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool) -> None:

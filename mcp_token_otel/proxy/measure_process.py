@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from .jsonrpc import MessageStream, Tracker
 from .measure_queue import MeasureQueue
@@ -68,7 +68,7 @@ class RemoteMeasurer:
     def __init__(self, argv: list[str], *, startup_timeout: float = 60.0) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self._pipe: BinaryIO = self.proc.stdin
+        self._pipe: IO[bytes] = self.proc.stdin
         ready: list[bytes] = []
         reader = threading.Thread(target=lambda: ready.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
         reader.start()

@@ -24,9 +24,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .inject import Injector, LineInjector
+from .inject import Injector
 from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C
 from .telemetry import StartupError
+from .transport import Channel
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -53,12 +54,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class StdioProxy:
+    """The stdio :class:`~.transport.Transport`: bytes arrive and leave on pipes; a message is a line."""
+
+    network = "pipe"
+
     def __init__(
-        self, command: Sequence[str], telemetry: Any, *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
+        self, command: Sequence[str], *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
         exit_grace: float = EXIT_GRACE, inject: bool = False,
     ) -> None:
         self.command = list(command)
-        self.telemetry = telemetry
         self.name = name
         self.stdin_fd = stdin_fd
         self.stdout_fd = stdout_fd
@@ -78,44 +82,25 @@ class StdioProxy:
         except OSError as exc:
             raise StartupError(f"cannot start {self.command[0]}: {exc.strerror or exc}") from None
 
-    def run(self) -> int:
+    def run(self, telemetry: Any) -> int:
         """Relay until the child exits; its exit status (128 + N for a signal)."""
         proc = self.proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        measurer = self.telemetry.measurer
+        measurer = telemetry.measurer
         tracker = measurer.tracker(
-            session_key=uuid.uuid4().hex, transport="pipe",
+            session_key=uuid.uuid4().hex, transport=self.network,
             attributes={"server.address": self.name, A_SERVER_NAME: self.name},
         )
-        up = measurer.stream(tracker, C2S, LINES)
-        down = measurer.stream(tracker, S2C, LINES)
-        child_in, child_out = proc.stdin.fileno(), proc.stdout.fileno()
-        if getattr(measurer, "guarded", False) is True:  # guards on: whole lines, guarded before they go on
-            from .guard import LineGuard
-
-            injector = Injector(measurer)
-            inject = (lambda body: injector.rewrite_body(tracker, body)) if self.inject else None
-            out_lock = threading.Lock()  # the client's stdout: server lines and the proxy's own answers
-            t_up = threading.Thread(
-                target=self._guard_pump, args=(self.stdin_fd, child_in, LineGuard(measurer, up, inject),
-                                               self._client_ended, out_lock),
-                name="proxy-client-to-server", daemon=True,
-            )
-            t_down = threading.Thread(
-                target=self._guard_pump, args=(child_out, self.stdout_fd, LineGuard(measurer, down),
-                                               self._server_ended, out_lock),
-                name="proxy-server-to-client", daemon=True,
-            )
-        else:
-            rewrite = LineInjector(Injector(measurer), tracker) if self.inject else None
-            t_up = threading.Thread(
-                target=self._pump, args=(self.stdin_fd, child_in, up, "client", self._client_ended, rewrite),
-                name="proxy-client-to-server", daemon=True,
-            )
-            t_down = threading.Thread(
-                target=self._pump, args=(child_out, self.stdout_fd, down, "server", self._server_ended),
-                name="proxy-server-to-client", daemon=True,
-            )
+        injector = Injector(measurer) if self.inject else None
+        up = Channel(measurer, tracker, C2S, LINES, injector)
+        down = Channel(measurer, tracker, S2C, LINES)
+        # Guards on: the client's stdout takes server lines and the proxy's own answers, from two threads.
+        out_lock = threading.Lock() if getattr(measurer, "guarded", False) is True else None
+        t_up = threading.Thread(target=self._pump, args=(self.stdin_fd, proc.stdin.fileno(), up, self._client_ended,
+                                                         out_lock), name="proxy-client-to-server", daemon=True)
+        t_down = threading.Thread(target=self._pump, args=(proc.stdout.fileno(), self.stdout_fd, down,
+                                                           self._server_ended, out_lock),
+                                  name="proxy-server-to-client", daemon=True)
         previous = self._forward_signals()
         try:
             t_up.start()
@@ -132,49 +117,14 @@ class StdioProxy:
             logger.info("mcp-token-otel proxy: %s exited with status %d", self.name, code)
         return code
 
-    def _pump(self, src: int, dst: int, stream: Any, reader: str, ended: Callable[[str], None],
-              rewrite: LineInjector | None = None) -> None:
-        measurer = self.telemetry.measurer
+    def _pump(self, src: int, dst: int, channel: Channel, ended: Callable[[str], None],
+              out_lock: threading.Lock | None) -> None:
+        """Copy raw chunks from ``src`` to ``dst`` through ``channel`` until EOF. With guards on, a line is
+        written to the client whole under ``out_lock`` (an over-long line passing in pieces keeps the lock
+        until its end), and a refused request is answered to the client, never sent to the server."""
+        to_client = dst == self.stdout_fd and out_lock is not None
         why = "eof"
-        try:
-            while True:
-                try:
-                    chunk = os.read(src, CHUNK)
-                except OSError as exc:
-                    why = f"read error: {exc.strerror}"
-                    break
-                if rewrite is not None:  # opt-in context injection: whole lines, some rewritten
-                    if not chunk:  # EOF: a last line without its newline goes as it is
-                        chunk, rewrite = rewrite.flush(), None
-                        if not chunk:
-                            break
-                    else:
-                        chunk = rewrite.feed(chunk)
-                        if not chunk:
-                            continue
-                elif not chunk:
-                    break
-                # Handed over (a non-blocking append) just before it is written: a response can then never
-                # reach the queue ahead of the request it answers, which the other relay thread carried.
-                measurer.put(stream, chunk)
-                try:
-                    _write_all(dst, chunk)
-                except OSError as exc:
-                    why = "peer closed" if exc.errno in (errno.EPIPE, errno.EBADF) else f"write error: {exc.strerror}"
-                    break
-        finally:
-            measurer.finish(stream)
-            ended(why)
-
-    def _guard_pump(self, src: int, dst: int, lines: Any, ended: Callable[[str], None],
-                    out_lock: threading.Lock) -> None:
-        """Guard mode: whole lines, each guarded before it is written on. The client's stdout takes the server's
-        lines and the proxy's own answers (refusals) from two threads: a line is written whole under
-        ``out_lock`` (an over-long line passing in pieces keeps the lock until its end)."""
-        measurer = self.telemetry.measurer
-        to_client = dst == self.stdout_fd
-        why = "eof"
-        holding = False
+        holding = finished = False
         try:
             while True:
                 try:
@@ -183,10 +133,11 @@ class StdioProxy:
                     why = f"read error: {exc.strerror}"
                     break
                 if chunk:
-                    forward, reply = lines.feed(chunk)
-                else:
-                    forward, reply = lines.flush()
-                if reply:  # a refused request: answered to the client, never sent to the server
+                    forward, reply = channel.feed(chunk)
+                else:  # EOF: a last line without its newline goes as it is
+                    forward, reply = channel.finish()
+                    finished = True
+                if reply and out_lock is not None:
                     try:
                         with out_lock:
                             _write_all(self.stdout_fd, reply)
@@ -195,11 +146,11 @@ class StdioProxy:
                 try:
                     if forward:
                         if to_client and not holding:
-                            out_lock.acquire()
+                            out_lock.acquire()  # type: ignore[union-attr]
                             holding = True
                         _write_all(dst, forward)
-                    if holding and not lines.passing:
-                        out_lock.release()
+                    if holding and not channel.passing:
+                        out_lock.release()  # type: ignore[union-attr]
                         holding = False
                 except OSError as exc:
                     why = "peer closed" if exc.errno in (errno.EPIPE, errno.EBADF) else f"write error: {exc.strerror}"
@@ -208,8 +159,9 @@ class StdioProxy:
                     break
         finally:
             if holding:
-                out_lock.release()
-            measurer.finish(lines.stream)
+                out_lock.release()  # type: ignore[union-attr]
+            if not finished:  # broken off: what was held is dropped, what went through is measured
+                channel.measurer.finish(channel.stream)
             ended(why)
 
     def _client_ended(self, why: str) -> None:
