@@ -74,6 +74,10 @@ def test_catalog_entries_are_consistent() -> None:
         assert len(family.attributes()) == len(family.labels), family
         assert not family.name.endswith("_total"), family  # counters take it on their samples
         assert family.kind != "gauge" or family.emitter != "recorder" or family.multiprocess_mode, family
+    for at, family in enumerate(FAMILIES):  # a counter of a histogram's sums is rendered from its rows: after it
+        if family.sum_of:
+            earlier = [f.name for f in FAMILIES[:at] if f.kind == "histogram"]
+            assert family.kind == "counter" and family.sum_of in earlier, family
 
 
 def test_a_real_run_exposes_exactly_the_catalog_families() -> None:
