@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -204,6 +205,7 @@ def test_many_content_blocks_are_bounded_and_sized_in_bulk_without_undercount() 
     assert abs(m.overhead_ratio - f.overhead_ratio) < 0.05
 
 
+@pytest.mark.slow
 def test_a_million_key_structured_content_and_a_three_million_key_message() -> None:
     structured = {f"key{i}": i for i in range(1_000_000)}
     m = measure_result("tools/call", {"content": [], "structuredContent": structured})

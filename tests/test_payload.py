@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from mcp_token_otel.core.estimation import estimate_tokens
 from mcp_token_otel.core.payload import MAX_NODES, size_text, size_value, utf8_len
 
@@ -75,6 +77,7 @@ def test_a_value_json_cannot_write_stops_at_the_bound_and_says_it_undercounts() 
     assert size.tokens > 0 and size.reason is not None and "undercount" in size.reason
 
 
+@pytest.mark.slow
 def test_wide_containers_are_refused_before_they_are_expanded() -> None:
     """A 3M-key dict is never copied item by item into the walker: the bound applies before expansion."""
     import mcp_token_otel.core.payload as payload
