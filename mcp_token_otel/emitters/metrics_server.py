@@ -5,15 +5,21 @@ HTTP basic auth. Mounted: the WSGI and ASGI apps below, with the same optional b
 type (Prometheus text or OpenMetrics, which carries exemplars) follows the scraper's ``Accept`` header.
 
 The standalone server is built to stay cheap under load and abuse. One thread accepts connections and
-reads request heads without blocking (a selector), so a client that connects and drips its headers holds a
-socket, not a thread; a complete request goes to a fixed pool of worker threads that parse its head, get the
-response and write it in one ``sendall``. Renderings are shared (see :class:`_SingleFlight`): scrapes that
-arrive together share one, and while other clients wait for an answer a rendering under ``render_max_age``
-seconds old is reused, so 50 scrapers back to back cost about two renderings a second, not one per scrape;
-a scrape on an otherwise idle server always renders afresh. Every connection has a deadline for its TLS
-handshake and whole request head (``request_timeout``); past ``max_connections`` open connections new ones
-get an immediate 503 and are closed; the listen backlog is sized for bursts of scrapers. Threads: one plus
-``workers``, whatever the clients do.
+reads request heads without blocking (a selector; heads parsed by llhttp, the ``httptools`` parser), so a
+client that connects and drips its headers holds a socket, not a thread; a complete request head goes to a
+fixed pool of worker threads that get the response and write it in one ``sendall``. A request body is never
+read (a scrape has none): a client that dribbles one holds no worker, its answer is sent and the connection
+closed. Every response closes its connection (``Connection: close``): a request pipelined behind the first
+is not answered, and the client sends it again on a new connection. Renderings are shared (see
+:class:`_SingleFlight`): scrapes that arrive together share one, and while other clients wait for an answer
+a rendering under ``render_max_age`` seconds old is reused, so 50 scrapers back to back cost about two
+renderings a second, not one per scrape; a scrape on an otherwise idle server always renders afresh. Every
+connection has a deadline for its TLS handshake and whole request head (``request_timeout``); past
+``max_connections`` open connections new ones get an immediate 503 and are closed; a malformed request gets
+a 400, a head over 16 KiB a 431, and the server then reads and discards what the client still sends until it
+closes or its deadline passes (closing at once would reset the connection before the client could read the
+answer). The listen backlog is sized for bursts of scrapers. Threads: one plus ``workers``, whatever the
+clients do.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
+import httptools
 from prometheus_client import CollectorRegistry, make_asgi_app, make_wsgi_app
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -147,6 +154,8 @@ DEFAULT_RENDER_MAX_AGE = 1.0
 LISTEN_BACKLOG = 1024
 #: Largest request head accepted; a scrape's is a few hundred bytes.
 MAX_REQUEST_HEAD = 16 * 1024
+#: Bytes read and discarded after refusing a request, at most.
+_MAX_DISCARD = 1 << 20
 _REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
 
 
@@ -316,34 +325,89 @@ class _SingleFlight:
 
 
 _BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _SERVER_ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
-def _parse_head(head: bytes, environ: dict[str, Any]) -> bool:
-    """Fill a WSGI ``environ`` from a request head (request line and header lines); False when it is not
-    an HTTP/1.x request. Header names holding ``_`` are dropped (as wsgiref does: they could pose as others)."""
-    lines = head.decode("latin-1").split("\n")
-    parts = lines[0].split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+class _HeadComplete(Exception):
+    """Raised from llhttp's callback to stop parsing at the end of the first head (nothing after it is read)."""
+
+
+class _RequestHead:
+    """One request head, fed as it arrives and parsed by llhttp: ``feed`` returns None while it is incomplete,
+    else the refusal to send (None in ``refusal`` when the head is complete and well formed)."""
+
+    __slots__ = ("_cr", "_line_done", "_parser", "headers", "method", "size", "target", "version")
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        # Bare LF line ends are taken, as scrapers' hand-made requests use them (no body is ever read here, so
+        # there is no framing to smuggle through). llhttp's flag covers the header lines; the request line's
+        # own LF gets its CR below.
+        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
+        self._line_done = False
+        self._cr = False  # the last byte fed was a CR
+        self.size = 0
+        self.method = ""
+        self.target = b""
+        self.version = ""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def feed(self, data: bytes) -> bytes | None:
+        """None: the head is not complete yet; b"": complete and well formed; else the refusal to send."""
+        self.size += len(data)
+        if not self._line_done:
+            nl = data.find(b"\n")
+            if nl >= 0:
+                self._line_done = True
+                if not (data[nl - 1:nl] == b"\r" if nl else self._cr):
+                    data = data[:nl] + b"\r" + data[nl:]
+            self._cr = data.endswith(b"\r")
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HeadComplete):
+                return _TOO_LARGE if self._fields() > MAX_REQUEST_HEAD else b""
+            return _BAD_REQUEST
+        except httptools.HttpParserError:
+            return _BAD_REQUEST
+        return _TOO_LARGE if self.size > MAX_REQUEST_HEAD else None
+
+    def _fields(self) -> int:
+        return len(self.target) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+
+    # llhttp callbacks
+
+    def on_url(self, url: bytes) -> None:
+        self.target += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.version = self._parser.get_http_version()
+        self.method = self._parser.get_method().decode("latin-1")
+        raise _HeadComplete
+
+
+def _environ(head: _RequestHead, environ: dict[str, Any]) -> bool:
+    """Fill a WSGI ``environ`` from a request head; False when it is not an HTTP/1.x request. Header names
+    holding ``_`` are dropped (as wsgiref does: they could pose as others)."""
+    if not head.version.startswith("1."):
         return False
-    method, target, version = parts
+    target = head.target.decode("latin-1")
     if "://" in target:  # absolute form: keep the path and query
         target = "/" + target.split("://", 1)[1].partition("/")[2]
     path, _, query = target.partition("?")
-    environ.update(REQUEST_METHOD=method, PATH_INFO=unquote(path, "latin-1"), QUERY_STRING=query,
-                   SERVER_PROTOCOL=version)
-    for line in lines[1:]:
-        name, sep, value = line.rstrip("\r").partition(":")
-        if not sep:
-            if not name:
-                break  # the blank line that ends the head
-            continue
-        name = name.strip()
-        if not name or "_" in name:
+    environ.update(REQUEST_METHOD=head.method, PATH_INFO=unquote(path, "latin-1"), QUERY_STRING=query,
+                   SERVER_PROTOCOL="HTTP/" + head.version)
+    for raw_name, raw_value in head.headers:
+        name = raw_name.decode("latin-1")
+        if "_" in name:
             continue
         key = name.upper().replace("-", "_")
         key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
-        value = value.strip()
+        value = raw_value.decode("latin-1").strip()
         environ[key] = f"{environ[key]},{value}" if key in environ else value
     return True
 
@@ -354,9 +418,10 @@ class _Connection:
     address: Any
     deadline: float
     handshaking: bool
-    head: bytearray = field(default_factory=bytearray)
+    head: _RequestHead = field(default_factory=_RequestHead)
     done: bool = False  # dispatched to a worker or dropped
     settled: bool = False  # its response is decided (being written) or it is closed
+    draining: bool = False  # refused: what the client still sends is read and discarded until it closes
 
 
 class MetricsServer:
@@ -522,18 +587,40 @@ class MetricsServer:
                     data = sock.recv(65536)
                 except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     return
-                if not data:  # the client went away before finishing its request
+                if not data:  # the client went away (before finishing its request, or after a refusal)
                     self._drop(conn)
                     return
-                conn.head += data
-                if b"\r\n\r\n" in conn.head or b"\n\n" in conn.head:
+                if conn.draining:  # discarded, up to a bound (then closed: a client that keeps sending is reset)
+                    conn.head.size += len(data)
+                    if conn.head.size > _MAX_DISCARD:
+                        self._drop(conn)
+                        return
+                    continue
+                answer = conn.head.feed(data)
+                if answer == b"":
                     self._dispatch(conn)
                     return
-                if len(conn.head) > MAX_REQUEST_HEAD:
-                    self._drop(conn)
+                if answer is not None:
+                    self._refuse(conn, answer)
                     return
         except (OSError, ValueError):  # reset, failed handshake...: the client's problem
             self._drop(conn)
+
+    def _refuse(self, conn: _Connection, answer: bytes) -> None:
+        """A malformed or oversized head: answered here, then what the client still sends is discarded until
+        it closes or its deadline passes (closing with unread input would reset the connection)."""
+        self._settle(conn)
+        try:
+            conn.sock.send(answer)  # a few bytes into an empty socket buffer: never blocks
+            if self._context is not None:  # TLS: no half-close; the answer and the close go together
+                self._drop(conn)
+                return
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(conn)
+            return
+        conn.draining = True
+        self._readable(conn)
 
     def _dispatch(self, conn: _Connection) -> None:
         conn.done = True
@@ -553,7 +640,7 @@ class MetricsServer:
         while self._reading and (self._reading[0].done or self._reading[0].deadline <= now):
             conn = self._reading.popleft()
             if not conn.done:
-                self.timed_out += 1
+                self.timed_out += not conn.draining
                 self._drop(conn)
 
     def _settle(self, conn: _Connection) -> None:
@@ -594,7 +681,7 @@ class MetricsServer:
         environ = dict(self.base_environ)
         environ["REMOTE_ADDR"] = str(conn.address[0]) if isinstance(conn.address, tuple) else ""
         environ["wsgi.input"] = io.BytesIO()
-        if not _parse_head(bytes(conn.head), environ):
+        if not _environ(conn.head, environ):
             self._settle(conn)
             conn.sock.sendall(_BAD_REQUEST)
             return
