@@ -90,8 +90,8 @@ class _Telemetry:
     measurer = _Counting()
 
 
-async def _with_relay(upstream_port: int, work: Any) -> Any:
-    proxy = HttpProxy(f"http://127.0.0.1:{upstream_port}/mcp", "127.0.0.1", 0)
+async def _with_relay(upstream_port: int, work: Any, **options: Any) -> Any:
+    proxy = HttpProxy(f"http://127.0.0.1:{upstream_port}/mcp", "127.0.0.1", 0, **options)
     relay = Relay(proxy, _Telemetry())
     server = await asyncio.start_server(relay.serve, "127.0.0.1", 0, limit=relay_module.MAX_HEAD)
     port = server.sockets[0].getsockname()[1]
