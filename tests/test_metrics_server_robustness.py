@@ -68,6 +68,7 @@ def test_an_over_long_header_is_answered_431_not_reset(server: MetricsServer) ->
     big = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_REQUEST_HEAD * 12) + b"\r\n\r\n"
     [(status, headers, body)] = _exchange(server, big)
     assert status == b"HTTP/1.1 431 Request Header Fields Too Large" and body == b""
+    assert headers[b"connection"] == b"close"
     many = b"GET /metrics HTTP/1.1\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 60) for i in range(400)) + b"\r\n"
     [(status, _, _)] = _exchange(server, many)
     assert status.startswith(b"HTTP/1.1 431 ")
