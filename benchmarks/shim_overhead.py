@@ -112,7 +112,7 @@ class FloorMiddleware:
         )
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
-        from mcp_token_otel.emitters.otel_metrics import CallInfo
+        from mcp_token_otel.emitters.sink import CallInfo
 
         started = time.perf_counter()
         result = await call_next(ctx)

@@ -115,16 +115,6 @@ M_GUARD_ENFORCED = "mcp_token.guard.enforced"
 M_FAMILY = "mcp_token.family"
 
 
-
-def __getattr__(name: str) -> Any:
-    """The histogram buckets live in :mod:`mcp_token_otel.catalog`; some tests still import them from here."""
-    if name in ("DURATION_BUCKETS", "TOKEN_BUCKETS"):
-        from . import catalog
-
-        return getattr(catalog, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:
     """``server.address``/``server.port`` and ``network.protocol.name``/``.version`` of an HTTP transport, from
     its URL (a string or an object with ``hostname``/``port``/``scheme``) and the request's HTTP version."""

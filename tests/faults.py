@@ -90,7 +90,8 @@ def break_prometheus(sink: Any) -> int:
         raise RuntimeError("prometheus-client fault")
 
     broken = 0
-    for value in vars(sink).values():
+    families = [*vars(sink).values(), *getattr(sink, "hists", {}).values(), *getattr(sink, "counts", {}).values()]
+    for value in {id(v): v for v in families}.values():  # each family once, however it is reached
         if isinstance(value, (HistFamily, CountFamily)):  # the pre-aggregated families
             for method in ("observe", "add", "touch"):
                 if hasattr(value, method):

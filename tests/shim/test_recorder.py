@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
+from mcp_token_otel.catalog import TOKEN_BUCKETS
 from mcp_token_otel.core.measure import Policy
 from mcp_token_otel.recorder import TokenRecorder
-from mcp_token_otel.semconv import TOKEN_BUCKETS
 
 from ..faults import BrokenMeterProvider, BrokenSink, raising_estimator
 from .conftest import Otel, make_config

@@ -16,11 +16,12 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from mcp_token_otel.catalog import DURATION_BUCKETS
 from mcp_token_otel.core.profiles import tool_definition_tokens
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
-from mcp_token_otel.semconv import DURATION_BUCKETS, SCHEMA_URL
+from mcp_token_otel.semconv import SCHEMA_URL
 
 from .conftest import Otel, make_config, named
 

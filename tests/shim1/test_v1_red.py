@@ -9,9 +9,9 @@ from mcp.server.fastmcp import FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.trace import SpanKind
 
+from mcp_token_otel.catalog import DURATION_BUCKETS
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
-from mcp_token_otel.semconv import DURATION_BUCKETS
 
 from .conftest import Otel, make_config, samples
 
