@@ -11,7 +11,10 @@ second, the arms alternating in 100 ms slices.
 proxy measures and guards each message on the relay path (docs/proxy.md, Guards); its added latency is
 printed beside the plain proxy's.
 
-    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--guard]
+``--baseline DIR`` adds an arm running the proxy from another checkout (e.g. ``git worktree add /tmp/base REV``),
+interleaved with the others, so before and after are measured in the same conditions on a shared machine.
+
+    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--guard] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -96,8 +99,8 @@ def _wait_open(port: int) -> None:
     raise SystemExit(f"nothing listening on {port}")
 
 
-def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(extra or {})}
+def _env(extra: dict[str, str] | None = None, tree: Path = ROOT) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(extra or {})}
 
 
 def _proxy(*args: str) -> list[str]:
@@ -110,8 +113,8 @@ def _request(rid: int) -> bytes:
 
 
 class StdioArm:
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env))
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, tree: Path = ROOT) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env, tree))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.rid = 0
@@ -179,15 +182,20 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+#: Arms beside direct and proxy: every guard policy on; the proxy of another checkout.
+EXTRA_ARMS = ("guard", "baseline")
+
+
 def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str, float]) -> dict[str, Any]:
     d, p = times["direct"], times["proxy"]
-    guard: dict[str, Any] = {}
-    if "guard" in times:
-        g = times["guard"]
-        guard = {"guard_p50_us": _pct(g, 0.5), "guard_added_p50_us": _pct(g, 0.5) - _pct(d, 0.5),
-                 "guard_added_p95_us": _pct(g, 0.95) - _pct(d, 0.95), "guard_mean_us": statistics.fmean(g),
-                 "guard_p99_us": _pct(g, 0.99), "guard_rps": rps["guard"]}
-    return {**guard,
+    extra: dict[str, Any] = {}
+    for name in EXTRA_ARMS:
+        if name in times:
+            g = times[name]
+            extra |= {f"{name}_p50_us": _pct(g, 0.5), f"{name}_added_p50_us": _pct(g, 0.5) - _pct(d, 0.5),
+                      f"{name}_added_p95_us": _pct(g, 0.95) - _pct(d, 0.95), f"{name}_mean_us": statistics.fmean(g),
+                      f"{name}_p99_us": _pct(g, 0.99), f"{name}_rps": rps[name]}
+    return {**extra,
         "transport": transport, "result": f"{size // 1000} KB",
         "direct_p50_us": _pct(d, 0.5), "proxy_p50_us": _pct(p, 0.5),
         "added_p50_us": _pct(p, 0.5) - _pct(d, 0.5), "added_p95_us": _pct(p, 0.95) - _pct(d, 0.95),
@@ -198,11 +206,14 @@ def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str
     }
 
 
-def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False) -> dict[str, Any]:
+def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False,
+                baseline: Path | None = None) -> dict[str, Any]:
     server = [sys.executable, "-c", LINE_SERVER, str(size)]
     arms = {"direct": StdioArm(server), "proxy": StdioArm(_proxy("--name", "bench", "--", *server))}
     if guard:
         arms["guard"] = StdioArm(_proxy("--name", "bench", "--", *server), GUARD_ENV)
+    if baseline is not None:
+        arms["baseline"] = StdioArm(_proxy("--name", "bench", "--", *server), tree=baseline)
     try:
         times = _interleaved(arms, iterations, warmup)
         rps = _throughput(arms, THROUGHPUT_SECONDS)
@@ -212,20 +223,22 @@ def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False) ->
     return _row("stdio", size, times, rps)
 
 
-def bench_http(size: int, iterations: int, warmup: int, guard: bool = False) -> dict[str, Any]:
-    port, proxy_port, guard_port = _free_port(), _free_port(), _free_port()
+def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
+               baseline: Path | None = None) -> dict[str, Any]:
+    port = _free_port()
     server = subprocess.Popen([sys.executable, "-c", HTTP_SERVER, str(size), str(port)], env=_env())
     proxies: list[subprocess.Popen[bytes]] = []
-    arms: dict[str, Any] = {}
+    arms: dict[str, Any] = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp")}
+    wanted = [("proxy", None, ROOT), *([("guard", GUARD_ENV, ROOT)] if guard else []),
+              *([("baseline", None, baseline)] if baseline is not None else [])]
     try:
         _wait_open(port)
-        for listen, env in [(proxy_port, None), *([(guard_port, GUARD_ENV)] if guard else [])]:
+        for name, env, tree in wanted:
+            listen = _free_port()
             proxies.append(subprocess.Popen(_proxy("--listen", f"127.0.0.1:{listen}", "--upstream",
-                                                   f"http://127.0.0.1:{port}/mcp"), env=_env(env)))
+                                                   f"http://127.0.0.1:{port}/mcp"), env=_env(env, tree)))
             _wait_open(listen)
-        arms = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp"), "proxy": HttpArm(f"http://127.0.0.1:{proxy_port}/mcp")}
-        if guard:
-            arms["guard"] = HttpArm(f"http://127.0.0.1:{guard_port}/mcp")
+            arms[name] = HttpArm(f"http://127.0.0.1:{listen}/mcp")
         times = _interleaved(arms, iterations, warmup)
         rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
@@ -245,6 +258,7 @@ def main() -> None:
     parser.add_argument("--transport", choices=("stdio", "http", "both"), default="both")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--guard", action="store_true", help="add the arm with every guard policy on (observe)")
+    parser.add_argument("--baseline", type=Path, metavar="DIR", help="add the arm of the proxy in another checkout")
     args = parser.parse_args()
     runs: list[tuple[Callable[..., dict[str, Any]], int, int]] = []
     if args.transport in ("stdio", "both"):
@@ -252,7 +266,7 @@ def main() -> None:
     if args.transport in ("http", "both"):
         runs += [(bench_http, 2_000, args.iterations), (bench_http, 200_000, args.large_iterations)]
     load_before = os.getloadavg()[0]
-    rows = [bench(size, n, max(50, n // 10), args.guard) for bench, size, n in runs]
+    rows = [bench(size, n, max(50, n // 10), args.guard, args.baseline) for bench, size, n in runs]
     print(f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"times in microseconds per request (round trip), {args.iterations} / {args.large_iterations} per arm")
     print(f"{'transport':<10}{'result':>8}{'direct p50':>12}{'proxy p50':>11}{'added p50':>11}{'added p95':>11}"
@@ -263,14 +277,17 @@ def main() -> None:
               f"{r['added_p50_us']:>9.0f}us{r['added_p95_us']:>9.0f}us{r['direct_mean_us']:>11.0f}us"
               f"{r['proxy_mean_us']:>10.0f}us{r['direct_p99_us']:>10.0f}us{r['proxy_p99_us']:>9.0f}us"
               f"{r['ratio_p50']:>10.2f}x{r['direct_rps']:>14.0f}{r['proxy_rps']:>13.0f}")
-    if args.guard:
-        print("guard arm (every policy, observe mode; measured and guarded on the relay path):")
-        print(f"{'transport':<10}{'result':>8}{'guard p50':>11}{'added p50':>11}{'added p95':>11}{'guard mean':>12}"
-              f"{'guard p99':>11}{'guard req/s':>13}  (plain proxy added p50)")
+    titles = {"guard": "guard arm (every policy, observe mode; measured and guarded on the relay path):",
+              "baseline": f"baseline arm (the proxy of {args.baseline}):"}
+    for name in (n for n in EXTRA_ARMS if f"{n}_p50_us" in rows[0]):
+        print(titles[name])
+        print(f"{'transport':<10}{'result':>8}{name + ' p50':>13}{'added p50':>11}{'added p95':>11}"
+              f"{name + ' mean':>14}{name + ' p99':>13}{name + ' req/s':>15}  (this proxy: added p50, req/s)")
         for r in rows:
-            print(f"{r['transport']:<10}{r['result']:>8}{r['guard_p50_us']:>9.0f}us{r['guard_added_p50_us']:>9.0f}us"
-                  f"{r['guard_added_p95_us']:>9.0f}us{r['guard_mean_us']:>10.0f}us{r['guard_p99_us']:>9.0f}us"
-                  f"{r['guard_rps']:>13.0f}  ({r['added_p50_us']:.0f}us)")
+            print(f"{r['transport']:<10}{r['result']:>8}{r[f'{name}_p50_us']:>11.0f}us"
+                  f"{r[f'{name}_added_p50_us']:>9.0f}us{r[f'{name}_added_p95_us']:>9.0f}us"
+                  f"{r[f'{name}_mean_us']:>12.0f}us{r[f'{name}_p99_us']:>11.0f}us{r[f'{name}_rps']:>15.0f}"
+                  f"  ({r['added_p50_us']:.0f}us, {r['proxy_rps']:.0f})")
     limits = {"stdio": 300.0, "HTTP": 1000.0}
     for r in rows:
         if r["result"] == "2 KB":
