@@ -172,6 +172,10 @@ FAMILIES: tuple[Family, ...] = (
            "Live sessions whose bookkeeping was dropped, least recently used first, to stay within "
            "budget.max_sessions.",
            _SESSION, otel_name="mcp_token.sessions.evicted", otel_unit="{session}"),
+    Family("mcp_token_unbudgeted_tokens", "counter", "tokens",
+           "Estimated tokens of messages that no budget key (budget.key) attributed to a conversation: "
+           "context use no budget, hard limit or exhaustion alert sees.",
+           _SESSION, otel_name="mcp_token.unbudgeted.tokens", otel_unit="{token}"),
     Family("mcp_token_series_overflow", "counter", "records",
            "Records folded into a family's overflow series (every label _other) because the family had reached "
            "its series cap; existing series keep counting.",

@@ -55,6 +55,7 @@ def record_everything(sink: MetricsSink) -> None:
         sink.record_transition(side, "warning", "srv")
         sink.record_session_end(side, 0.7, "srv", session)
         sink.record_session_evicted(side, "srv")
+        sink.record_unbudgeted(side, "srv", big.total_tokens)
         sink.record_guard_action(side, "srv", "max_tokens", "truncated", True, "dump")
         sink.record_cost(side, "srv", "dump", 0.25)
     sink.record_error("estimate", "srv")

@@ -103,6 +103,9 @@ class DeferredSink:
     def record_session_evicted(self, side: str, server: str) -> None:
         self._enqueue(self._sink.record_session_evicted, (side, server))
 
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        self._enqueue(self._sink.record_unbudgeted, (side, server, tokens))
+
     def record_error(self, stage: str, server: str) -> None:
         self._enqueue(self._sink.record_error, (stage, server))
 

@@ -240,6 +240,9 @@ class OtelMetricsSink:
     def record_session_evicted(self, side: str, server: str) -> None:
         self._add("mcp_token.sessions.evicted", (side, server))
 
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        self._add("mcp_token.unbudgeted.tokens", (side, server), tokens)
+
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
     ) -> None:

@@ -223,6 +223,7 @@ class PrometheusMetrics:
         self._overhead, self._byte_sums = self.hists["mcp_token_overhead_ratio"], self.counts["mcp_token_bytes"]
         self._responses = self.counts["mcp_token_responses"]
         self._transitions = self.counts["mcp_token_session_transitions"]
+        self._unbudgeted = self.counts["mcp_token_unbudgeted_tokens"]
         #: server -> (total tokens, {tool: tokens}) of its last tools/list result.
         self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
         self._known_outputs: set[tuple[str, str, str, str | None]] = set()
@@ -235,10 +236,12 @@ class PrometheusMetrics:
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:
-        """A side's first message for a server: its transition series start at 0 (alerts take increase())."""
+        """A side's first message for a server: its transition and unbudgeted series start at 0 (alerts take
+        increase() and rate() of them)."""
         self._known_servers.add((side, server))
         for state in ("warning", "exhausted"):
             self._transitions.touch((side, server, state))
+        self._unbudgeted.touch((side, server))
 
     # ------------------------------------------------------------------ families read at scrape time
 
@@ -346,6 +349,12 @@ class PrometheusMetrics:
             self._files.record_session_evicted(side, server)
         else:
             self.counts["mcp_token_sessions_evicted"].add((side, server))
+
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        if self._files is not None:
+            self._files.record_unbudgeted(side, server, tokens)
+        else:
+            self._unbudgeted.add((side, server), tokens)
 
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
         if self._files is not None:

@@ -80,8 +80,14 @@ class SharedFileFamilies:
         # Series that alerts take increase() of exist at 0 from the start.
         self.m["mcp_token_instrumentation_errors"].labels("estimate", server)
         for side in ("client", "server", "proxy"):
-            for state in ("warning", "exhausted"):
-                self.m["mcp_token_session_transitions"].labels(side, server, state)
+            self._touch_server(side, server)
+
+    def _touch_server(self, side: str, server: str) -> None:
+        """A side's transition and unbudgeted series at 0 from its first message (alerts take increase() and
+        rate() of them)."""
+        for state in ("warning", "exhausted"):
+            self.m["mcp_token_session_transitions"].labels(side, server, state)
+        self.m["mcp_token_unbudgeted_tokens"].labels(side, server)
 
     def _children(self, side: str, server: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
         """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
@@ -102,8 +108,7 @@ class SharedFileFamilies:
             if output:
                 for breach_tier in _BREACH_TIERS:  # exist at 0 before a first breach, for increase()
                     m["mcp_token_risk_breaches"].labels(*labels, breach_tier)
-                for state in ("warning", "exhausted"):
-                    m["mcp_token_session_transitions"].labels(side, label_value(server), state)
+                self._touch_server(side, label_value(server))
             if len(self._series) >= _MAX_CACHED_SERIES:  # a cache of children: clearing it loses no value
                 self._series.clear()
             self._series[key] = children
@@ -154,6 +159,9 @@ class SharedFileFamilies:
 
     def record_session_evicted(self, side: str, server: str) -> None:
         self.m["mcp_token_sessions_evicted"].labels(side, label_value(server)).inc()
+
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        self.m["mcp_token_unbudgeted_tokens"].labels(side, label_value(server)).inc(tokens)
 
     def record_error(self, stage: str, server: str) -> None:
         self.m["mcp_token_instrumentation_errors"].labels(label_value(stage), label_value(server)).inc()
