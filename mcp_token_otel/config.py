@@ -28,6 +28,7 @@ from .core.budget import (
     DEFAULT_WARNING_RATIO,
     validate_budget,
 )
+from .core.budget_key import DEFAULT_BUDGET_KEY, parse_key_sources
 from .core.estimators import ESTIMATOR_NAMES, get_estimator
 from .core.guard.settings import GuardSettings
 from .core.measure import Policy
@@ -68,10 +69,24 @@ class BudgetConfig:
     warning_ratio: float = field(default=DEFAULT_WARNING_RATIO, metadata=_RATIO)
     exhaustion_ratio: float = field(default=DEFAULT_EXHAUSTION_RATIO, metadata=_RATIO)
     max_sessions: int = field(default=10_000, metadata=_POSITIVE_INT)
-    idle_timeout_seconds: float = field(default=3600.0, metadata=_POSITIVE)
+    #: Seconds without traffic after which a budget ends (its utilization observed once); the only end of a
+    #: budget keyed by anything but a connection. ``budget.idle_timeout_seconds`` is accepted as another name.
+    idle_timeout: float = field(default=1800.0, metadata=_POSITIVE)
+    #: What a message's budget is keyed by: the first source present (core/budget_key.py, docs/instrumentation.md).
+    key: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGET_KEY))
+    #: Client side: add the context's gen_ai.conversation.id baggage entry to outgoing requests that carry no
+    #: baggage (the SDK sends baggage itself on JSON-RPC transports; this covers the rest). Off: nothing changes.
+    propagate: bool = False
 
     def __post_init__(self) -> None:
         validate_budget(self.context_window, self.warning_ratio, self.exhaustion_ratio)
+        if isinstance(self.key, str):  # one source, or a comma-separated list, as a string
+            object.__setattr__(self, "key", _build_list(self.key, "budget.key"))
+        elif isinstance(self.key, tuple):
+            object.__setattr__(self, "key", list(self.key))
+        if not self.key:
+            raise ValueError(f"budget.key: expected at least one key source, such as {list(DEFAULT_BUDGET_KEY)}")
+        parse_key_sources(self.key)  # ValueError naming budget.key[i]
 
 
 @dataclass(frozen=True)
@@ -172,6 +187,11 @@ class Config:
 # Loading
 
 
+#: Other names accepted for a key (file and environment alike): alias path -> the key's path.
+KEY_ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("budget", "idle_timeout_seconds"): ("budget", "idle_timeout"),
+}
+
 #: Keys whose values never appear in messages or in `mcp-token-otel config` output.
 SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
 
@@ -238,7 +258,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
-    for key, value in data.items():
+    for key, value in _dealiased(data, path).items():
         if key not in fields:
             raise _unknown_key(path, str(key), list(fields))
         key_path = f"{path}.{key}" if path else key
@@ -262,6 +282,22 @@ def _build(cls: type, data: Any, path: str) -> Any:
         raise
     except ValueError as exc:  # cross-field checks name their keys already
         raise ConfigError(f"config key {exc}") from None
+
+
+def _dealiased(data: Mapping[Any, Any], path: str) -> Mapping[Any, Any]:
+    """``data`` with every alias of this section renamed to its key; both given is an error naming both."""
+    parts = tuple(path.split(".")) if path else ()
+    aliases = {alias[-1]: key[-1] for alias, key in KEY_ALIASES.items() if alias[:-1] == parts and alias[-1] in data}
+    if not aliases:
+        return data
+    out = dict(data)
+    for alias, key in aliases.items():
+        if key in out:
+            where = f"{path}." if path else ""
+            raise ConfigError(f"config key '{where}{alias}': another name for '{where}{key}', which is set too; "
+                              "give one")
+        out[key] = out.pop(alias)
+    return out
 
 
 def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
@@ -305,6 +341,7 @@ def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[
 
 
 def _leaf_type(path: tuple[str, ...]) -> Any:
+    path = KEY_ALIASES.get(path, path)
     cls: Any = Config
     for part in path:
         cls = typing.get_type_hints(cls)[part]
@@ -341,6 +378,7 @@ def _yaml_error(path: Any, exc: yaml.YAMLError) -> ConfigError:
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     known = env_keys()
+    known.update((ENV_PREFIX + "_".join(alias).upper(), alias) for alias in KEY_ALIASES)
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name in _ENV_NOT_KEYS:
             continue

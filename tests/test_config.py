@@ -186,3 +186,40 @@ def test_boolean_environment_switches_accept_1_and_0() -> None:
     assert load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_ENABLED": "0"}).prometheus.enabled is False
     with pytest.raises(ConfigError, match=r"'prometheus\.enabled': expected true or false"):
         load_config(env={"MCP_TOKEN_OTEL_PROMETHEUS_ENABLED": "2"})
+
+
+def test_budget_key_propagate_and_idle_timeout() -> None:
+    default = Config().budget
+    assert default.key == ["session", "baggage:gen_ai.conversation.id", "principal"]
+    assert default.propagate is False and default.idle_timeout == 1800.0
+    config = load_config(env={"MCP_TOKEN_OTEL_BUDGET_KEY": "header:X-Conversation-Id, session",
+                              "MCP_TOKEN_OTEL_BUDGET_PROPAGATE": "1",
+                              "MCP_TOKEN_OTEL_BUDGET_IDLE_TIMEOUT": "90"})
+    assert config.budget.key == ["header:X-Conversation-Id", "session"]
+    assert config.budget.propagate is True and config.budget.idle_timeout == 90.0
+    assert config_from_dict({"budget": {"key": ["client"]}}).budget.key == ["client"]
+    assert config_from_dict(config_as_dict(config)) == config
+
+
+def test_idle_timeout_seconds_is_another_name_for_idle_timeout() -> None:
+    assert config_from_dict({"budget": {"idle_timeout_seconds": 60}}).budget.idle_timeout == 60.0
+    assert load_config(env={"MCP_TOKEN_OTEL_BUDGET_IDLE_TIMEOUT_SECONDS": "45"}).budget.idle_timeout == 45.0
+    with pytest.raises(ConfigError, match=r"'budget\.idle_timeout_seconds': another name for 'budget\.idle_timeout'"):
+        config_from_dict({"budget": {"idle_timeout_seconds": 60, "idle_timeout": 30}})
+    with pytest.raises(ConfigError, match=r"'budget\.idle_timeout': expected a positive number"):
+        load_config(env={"MCP_TOKEN_OTEL_BUDGET_IDLE_TIMEOUT_SECONDS": "0"})
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [(["session", "bogus"], "budget.key[1]: unknown key source 'bogus'"),
+     (["baggage"], "budget.key[0]: baggage needs a name"),
+     (["session:x"], "budget.key[0]: session takes no name"),
+     ([], "budget.key: expected at least one key source"),
+     ([3], "config key 'budget.key': expected a list of names"),
+     ({"a": 1}, "config key 'budget.key': expected a list of names")],
+)
+def test_bad_budget_key_names_the_entry(key: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"budget": {"key": key}})
+    assert message in str(info.value)

@@ -75,7 +75,7 @@ class SessionLedger:
                 budget.warning_ratio,
                 budget.exhaustion_ratio,
                 max_sessions=budget.max_sessions,
-                idle_timeout=budget.idle_timeout_seconds,
+                idle_timeout=budget.idle_timeout,
                 on_end=self._on_end(side),
             )
             for side in SIDES
