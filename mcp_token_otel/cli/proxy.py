@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..core.measure import Policy
+
+if TYPE_CHECKING:
+    from ..proxy.transport import Transport
 
 PREFIX = "mcp-token-otel proxy"
 
@@ -85,6 +88,11 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
         proxy.proc.kill()
         proxy.proc.wait()
         raise
+    return _relay(proxy, telemetry)
+
+
+def _relay(proxy: Transport, telemetry: Any) -> int:
+    """Either transport, until it is done; the measuring side is flushed and closed whatever happens."""
     try:
         return proxy.run(telemetry)
     finally:
@@ -120,8 +128,4 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
     _check_metrics_port(args, config)
-    telemetry = _telemetry(args, config, proxy.name)
-    try:
-        return proxy.run(telemetry)
-    finally:
-        telemetry.close()
+    return _relay(proxy, _telemetry(args, config, proxy.name))

@@ -32,8 +32,12 @@ class HttpError(Exception):
         self.reason = reason
 
 
-TOO_LARGE = HttpError(431, "Request Header Fields Too Large")
-BAD_REQUEST = HttpError(400, "Bad Request")
+def too_large() -> HttpError:
+    return HttpError(431, "Request Header Fields Too Large")
+
+
+def bad_request() -> HttpError:
+    return HttpError(400, "Bad Request")
 
 
 @dataclass(slots=True)
@@ -88,15 +92,15 @@ class Http1Parser:
         except httptools.HttpParserUpgrade:
             pass  # an Upgrade request: relayed as a plain request (Upgrade is hop-by-hop); the connection closes
         except httptools.HttpParserCallbackError as exc:
-            self._fail(exc.__context__ if isinstance(exc.__context__, HttpError) else BAD_REQUEST)
+            self._fail(exc.__context__ if isinstance(exc.__context__, HttpError) else bad_request())
         except httptools.HttpParserError as exc:
             # llhttp's words: a coding other than chunked last is not implemented, anything else is malformed.
             self._fail(HttpError(501, "Not Implemented") if "invalid `Transfer-Encoding`" in str(exc)
-                       else BAD_REQUEST)
+                       else bad_request())
         if self._in_head and not self.failed:
             self._size += len(data)  # a head still open: count what it took (llhttp holds no limit itself)
             if self._size > self.max_head:
-                self._fail(TOO_LARGE)
+                self._fail(too_large())
 
     def _fail(self, error: HttpError) -> None:
         self.failed = True
@@ -123,14 +127,14 @@ class Http1Parser:
             return  # a trailer field of a chunked body: dropped
         self._headers.append((name, value))
         if len(self._headers) > self.max_headers:
-            raise TOO_LARGE
+            raise too_large()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
         version = parser.get_http_version()
         if not version.startswith("1."):
-            raise BAD_REQUEST  # HTTP/0.9 ("GET /") and whatever is not HTTP/1.x
+            raise bad_request()  # HTTP/0.9 ("GET /") and whatever is not HTTP/1.x
         length: int | None = None
         chunked = False
         size = len(self._url) + len(self._reason)
@@ -142,7 +146,7 @@ class Http1Parser:
             elif lower == b"transfer-encoding":
                 chunked = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
         if size > self.max_head:
-            raise TOO_LARGE
+            raise too_large()
         self.events.append((HEAD, Head(
             b"" if self.response else parser.get_method(), self._url,
             parser.get_status_code() if self.response else 0, self._reason, b"HTTP/" + version.encode(),
