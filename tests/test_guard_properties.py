@@ -8,12 +8,16 @@ import json
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel.core.estimation import estimate_tokens
 from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text, truncate
 from mcp_token_otel.core.measure import DEFAULT_POLICY, measure_result
+
+# Hundreds of examples per property: the full run has them, the fast tier has the example-based tests.
+pytestmark = pytest.mark.slow
 
 # Text that stresses the boundaries: escapes, quotes, astral characters, CJK, combining marks, newlines.
 PIECES = st.sampled_from([

@@ -59,6 +59,7 @@ def test_in_memory(otel: Otel, instrumented: Any) -> None:
     assert_grows(session_tokens(otel, SpanKind.CLIENT))
 
 
+@pytest.mark.slow
 def test_stdio(otel: Otel, instrumented: Any, tmp_path: Path) -> None:
     spans_file = tmp_path / "spans.jsonl"
 

@@ -626,6 +626,7 @@ def stdio_params(tmp_path: Path, guard: dict[str, Any], **config: Any) -> tuple[
     return StdioServerParameters(command=sys.executable, args=[str(GUARD_SERVER)], env=env), spans
 
 
+@pytest.mark.slow
 def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
     """The guarded server in a subprocess, an mcp 1.x client without the shim: the cut and the refusal are on
     the wire, the cut structuredContent passes the client's own outputSchema validation."""

@@ -220,7 +220,7 @@ def baseline(transport: str) -> list[Any]:
     return _BASELINES[transport]
 
 
-@pytest.mark.parametrize("transport", ["memory", "stdio", "http"])
+@pytest.mark.parametrize("transport", ["memory", pytest.param("stdio", marks=pytest.mark.slow), "http"])
 @pytest.mark.parametrize("fault", FAULTS)
 def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, transport: str,
                                       fault: str) -> None:

@@ -34,6 +34,7 @@ def text_of(result: types.CallToolResult) -> str:
 
 
 @pytest.mark.parametrize("instrument_client", [True, False], ids=["both", "server-only"])
+@pytest.mark.slow
 def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -> None:
     from mcp_token_otel.instrumentation import instrument, uninstrument
 
@@ -86,6 +87,7 @@ def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -
         assert [s.name for s in otel.spans()] == ["agent-step"]
 
 
+@pytest.mark.slow
 def test_mcp_server_time_stdio(otel: Otel, instrumented: Any) -> None:
     params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server_time", "--local-timezone", "UTC"])
 
