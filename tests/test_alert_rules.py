@@ -54,6 +54,7 @@ SIMPLE: dict[str, set[str]] = {
     # Guards (issue 13, names pinned by the shared contract).
     "mcp_token_guard_actions_total": {"side", "server", "policy", "action", "enforced", "tool"},
     "mcp_token_cost_usd_total": {"side", "server", "tool"},
+    "mcp_token_unbudgeted_tokens_total": {"side", "server"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}
@@ -215,7 +216,8 @@ def test_amtool_check_config() -> None:
 
 
 @pytest.mark.parametrize(
-    ("severity", "receiver"), [("critical", "pager"), ("warning", "ticket")], ids=["critical", "warning"]
+    ("severity", "receiver"), [("critical", "pager"), ("warning", "ticket"), ("info", "info")],
+    ids=["critical", "warning", "info"],
 )
 def test_amtool_routes(severity: str, receiver: str) -> None:
     proc = _run(
@@ -249,7 +251,7 @@ def test_alertmanager_structure() -> None:
         for r in inhibit
     ), inhibit
     urls = {r["name"]: [w["url"] for w in r.get("webhook_configs", [])] for r in config["receivers"]}
-    assert urls == {"pager": ["http://127.0.0.1:9099/pager"], "ticket": ["http://127.0.0.1:9099/ticket"]}
+    assert urls == {"pager": ["http://127.0.0.1:9099/pager"], "ticket": ["http://127.0.0.1:9099/ticket"], "info": []}
 
 
 def test_prometheus_config_structure() -> None:
@@ -277,7 +279,8 @@ def test_alert_conventions() -> None:
         name = rule["alert"]
         assert re.fullmatch(r"McpToken(?:[A-Z][a-z0-9]+)+", name), f"{name}: not CamelCase with McpToken"
         labels = rule.get("labels", {})
-        assert labels.get("severity") in {"warning", "critical"}, f"{name}: severity {labels.get('severity')}"
+        # info: context, routed to no one by default (monitoring-mixins' third severity).
+        assert labels.get("severity") in {"info", "warning", "critical"}, f"{name}: severity {labels.get('severity')}"
         assert "risk_tier" not in labels, f"{name}: risk_tier is the metric's label, not an alert label"
         ann = rule.get("annotations", {})
         summary = ann.get("summary", "")
