@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from typing import Any, cast
 
 import mcp.client.stdio as client_stdio
+import mcp.server._streamable_http_modern as modern_http
 import mcp.server.stdio as server_stdio
 import mcp.shared._otel as sdk_otel
 import mcp.shared.jsonrpc_dispatcher as jrd
@@ -42,6 +43,7 @@ from mcp.client.streamable_http import StreamableHTTPTransport
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.session import ServerSession
+from mcp.shared.direct_dispatcher import DirectDispatcher
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -62,12 +64,17 @@ from ._common import (
     is_mcp_span,
     wire_dict,
 )
+from .budget_keys import ClientFacts, ServerFacts, with_conversation_baggage
 
 try:
     from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 except ImportError:  # pragma: no cover - an SDK before the 2026 protocol
     MODERN_PROTOCOL_VERSIONS = ()  # type: ignore[misc]  # the SDK's Final, stood in for when it is missing
 _MODERN_VERSIONS: tuple[str, ...] = tuple(MODERN_PROTOCOL_VERSIONS)
+#: Where a 2026-07-28 request carries its protocol version.
+_VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
+#: A long-lived request whose end is the client going away (a cancellation): its duration is recorded then.
+_LISTEN = "subscriptions/listen"
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +96,8 @@ _CLIENT_TRANSPORT: contextvars.ContextVar[tuple[str, Any] | None] = contextvars.
 #: Server, guards on: the chain depth of the request whose handler runs (docs/guardrails.md "Chain depth");
 #: requests the handler sends carry one more.
 _DEPTH: contextvars.ContextVar[int | None] = contextvars.ContextVar("mcp_token_depth", default=None)
+#: Server: inside the SDK's own tools/list that validates a tools/call's Mcp-Param-* headers (not traffic).
+_SCHEMA_LOOKUP: contextvars.ContextVar[bool] = contextvars.ContextVar("mcp_token_schema_lookup", default=False)
 #: Server: "pipe" inside stdio_server() (memory and stdio streams look the same to a middleware).
 _SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mcp_token_server_transport", default=None
@@ -274,6 +283,12 @@ class OutboundCall:
                 if self.own is not None:
                     rec.record_exception(self.own, exc)  # the SDK's span records its own exception
                 raise
+            except BaseException:
+                if self.method == _LISTEN:  # the client ended the stream: the call's duration and end still count
+                    self.start()
+                    rec.record_output(self.span, self.side, self.method, None, result={}, session_id=self.key,
+                                      started=t0)
+                raise
             self.start()
             try:  # converting the result is part of measuring it: inside the never-break boundary
                 wire = wire_dict(result)
@@ -296,6 +311,14 @@ class OutboundCall:
         finally:
             with contextlib.suppress(ValueError):
                 _CAPTURE.reset(capture)
+
+
+def _envelope_version(params: Any) -> str | None:
+    """The protocol version a 2026-07-28 request carries in its ``_meta`` (server/discover's before it is
+    negotiated)."""
+    meta = params.get("_meta") if isinstance(params, Mapping) else None
+    version = meta.get(_VERSION_META_KEY) if isinstance(meta, Mapping) else None
+    return version if isinstance(version, str) else None
 
 
 def _error_data(exc: Exception) -> Any:
@@ -325,7 +348,7 @@ def _per_client_anchor(connection: Any, inner: Any) -> Any:
     (2026-07-28 protocol), else None (a handshake-era Connection is itself the session)."""
     outbound = getattr(connection, "outbound", None)
     if type(outbound).__name__ == "NotifyOnlyOutbound":  # modern protocol over one stream (stdio, memory)
-        return outbound
+        return getattr(outbound, "_outbound", outbound)  # the stream's dispatcher: its run ends with the stream
     if type(inner).__name__ == "_DirectDispatchContext":  # in-process auto mode: one transport per pair
         return getattr(inner, "transport", None)
     return None
@@ -346,12 +369,17 @@ class TokenMiddleware:
             return await call_next(ctx)
         rec = shim.recorder
         method, params = ctx.method, ctx.params
+        if method == "tools/list" and _SCHEMA_LOOKUP.get():
+            return await call_next(ctx)  # the SDK's own listing, validating a call's headers: not traffic
         span, own, session_key = None, None, None
+        request = ctx.request_id is not None  # notifications never enter the model's context
         extra: dict[str, Any] = {}
         try:
             session_id, session_key = shim.server_session(ctx)
-            if ctx.request_id is None:
-                session_key = None  # notifications never enter the model's context
+            if not request:
+                session_key = None
+            elif session_key is None or not rec.session_first:  # the session key unless budget.key says more
+                session_key = shim.server_key(ctx, session_key)
             current = trace.get_current_span()
             if is_mcp_span(current, SpanKind.SERVER, method):
                 span = current
@@ -381,7 +409,7 @@ class TokenMiddleware:
         guarded = False
         refusal: dict[str, Any] | None = None
         depth_token: contextvars.Token[int | None] | None = None
-        if rec.guard_active and ctx.request_id is not None:  # the guards off: this one check
+        if rec.guard_active and request:  # the guards off: this one check
             guarded = rec.guards("server")
             if guarded:  # on the session's budget before this request is added to it
                 refusal = rec.guard_request(span, "server", method, params, session_key, server=server)
@@ -391,7 +419,8 @@ class TokenMiddleware:
                 rec.fault("guard")
         # The request's span attributes are held and set with the response's: one set_attributes per call.
         held: dict[str, Any] = {}
-        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server, hold=held)
+        rec.record_input(span, "server", method, params, session_key, attributes=extra, server=server, hold=held,
+                         budgeted=request)
         tool = called_tool(method, params)
         tokens = _activate(own)
         # What the requests this handler sends (sampling, elicitation) are measured with (see server_send).
@@ -406,18 +435,24 @@ class TokenMiddleware:
             try:
                 result = await call_next(ctx)
             except MCPError as exc:
-                rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
-                                  started=started, server=server, held=held)
+                if request:  # a notification has no response
+                    rec.record_output(span, "server", method, tool, error=exc.error, session_id=session_key,
+                                      started=started, server=server, held=held)
                 raise
             except Exception as exc:
                 if own is not None:
                     rec.record_exception(own, exc)
-                if ctx.request_id is not None:  # the SDK answers with a JSON-RPC error: it enters the context too
+                if request:  # the SDK answers with a JSON-RPC error: it enters the context too
                     error = _error_data(exc)
                     rec.record_output(span, "server", method, tool, error=error, session_id=session_key,
                                       started=started, server=server, held=held)
                 raise
-            if ctx.request_id is not None:
+            except BaseException:
+                if method == _LISTEN:  # the client ended the stream: the call's duration and end still count
+                    rec.record_output(span, "server", method, None, result={}, session_id=session_key,
+                                      started=started, server=server, held=held)
+                raise
+            if request:
                 try:  # converting the result is part of measuring it: inside the never-break boundary
                     wire = wire_dict(result)
                 except Exception:
@@ -461,7 +496,8 @@ class DispatcherProxy:
         self._session = weakref.ref(session)
         self._direct = not isinstance(inner, jrd.JSONRPCDispatcher)
         self._transport = None if self._direct else transport
-        self._key = uuid.uuid4().hex  # budget key: stable for this ClientSession
+        self._key = uuid.uuid4().hex  # the session budget key: stable for this ClientSession
+        self._propagate = shim.recorder.config.budget.propagate
         # server.address/port and network.protocol.name of an HTTP transport (on the span with the estimate).
         self._http = http_attributes(getattr(self._transport[1], "url", None)) if self._transport else {}
 
@@ -476,26 +512,38 @@ class DispatcherProxy:
         session = self._session()
         return getattr(session, "protocol_version", None) if session is not None else None
 
+    def _budget_key(self, params: Any) -> str | None:
+        """The session's key, unless ``budget.key`` puts another source first (read from this request and the
+        current context's baggage, as the server reads it)."""
+        rec = self._shim.recorder
+        return self._key if rec.session_first else rec.budget_key(ClientFacts(session=self._key, params=params))
+
     async def send_raw_request(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> Any:
         shim = self._shim
         if not shim.active:
             return await self._inner.send_raw_request(method, params, opts)
-        if shim.recorder.guard_active:
+        rec = shim.recorder
+        if rec.guard_active:
             try:  # a call a served request's handler makes: one deeper in the chain
                 params = _deeper(params)
             except Exception:
-                shim.recorder.fault("guard")
+                rec.fault("guard")
+        if self._propagate:
+            try:  # budget.propagate: the conversation reaches the server where nothing else carries it
+                params = with_conversation_baggage(params)
+            except Exception:
+                rec.fault("budget")
         attrs: dict[str, Any] = {}
         try:
             attrs = call_attributes(
                 method,
                 params,
-                protocol_version=self._protocol_version(),
+                protocol_version=self._protocol_version() or _envelope_version(params),
                 transport=self._transport[0] if self._transport else None,
             )
         except Exception:
-            shim.recorder.fault("span")
-        call = OutboundCall(shim, "client", method, params, self._key, attrs, self._http)
+            rec.fault("span")
+        call = OutboundCall(shim, "client", method, params, self._budget_key(params), attrs, self._http)
         call.version = self._protocol_version()
         try:
             result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
@@ -507,17 +555,17 @@ class DispatcherProxy:
 
     def _span_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {}
-        session_id = self._session_id()  # known after the initialize response
-        if session_id:
-            extra[A_SESSION_ID] = session_id
         version = self._protocol_version()
+        session_id = self._session_id()  # known after the initialize response; none on 2026-07-28
+        if session_id and version not in _MODERN_VERSIONS:
+            extra[A_SESSION_ID] = session_id
         if version:
             extra[A_PROTOCOL] = version
         return extra
 
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> None:
-        if self._shim.active:
-            self._shim.recorder.record_input(None, "client", method, params)
+        if self._shim.active:  # off the budget; the session names its server
+            self._shim.recorder.record_input(None, "client", method, params, self._key, budgeted=False)
         return await self._inner.notify(method, params, opts)
 
     async def run(
@@ -532,7 +580,7 @@ class DispatcherProxy:
 
         async def wrapped_on_notify(dctx: Any, method: str, params: Any) -> Any:
             if shim.active:
-                shim.recorder.record_input(None, "client", method, params)
+                shim.recorder.record_input(None, "client", method, params, self._key, budgeted=False)
             return await on_notify(dctx, method, params)
 
         try:
@@ -553,20 +601,20 @@ class DispatcherProxy:
             tokens = _activate(span)
         except Exception:
             rec.fault("span")
-        rec.record_input(span, "client", method, params, self._key)
+        key = self._budget_key(params)
+        rec.record_input(span, "client", method, params, key)
         started = time.perf_counter()
         try:
             try:
                 result = await on_request(dctx, method, params)
             except MCPError as exc:
-                rec.record_output(span, "client", method, None, error=exc.error, session_id=self._key,
-                                  started=started)
+                rec.record_output(span, "client", method, None, error=exc.error, session_id=key, started=started)
                 raise
             except Exception as exc:
                 rec.record_exception(span, exc)
                 raise
             if not (rec.guard_active and rec.guards("client")):
-                rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=self._key,
+                rec.record_output(span, "client", method, None, result=wire_dict(result), session_id=key,
                                   started=started)
                 return result
             try:
@@ -574,7 +622,7 @@ class DispatcherProxy:
             except Exception:
                 rec.fault("estimate")
                 return result
-            _, out = rec.record_guarded_output(span, "client", method, None, wire, self._key, started=started)
+            _, out = rec.record_guarded_output(span, "client", method, None, wire, key, started=started)
             try:  # the answer the client sends back (sampling, elicitation), as the guards left it
                 return deliver(result, wire, out)
             except Exception:
@@ -595,8 +643,8 @@ class V2Shim:
         self._servers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._sessions: weakref.WeakSet[ClientSession] = weakref.WeakSet()
         self._connection_keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        #: id(anchor) -> (weak reference to it, budget key): the 2026 protocol's per-client anchors.
-        self._anchor_keys: dict[int, tuple[weakref.ref[Any], str]] = {}
+        #: id(anchor) -> (weak reference to it, budget key, its finalizer): the 2026 protocol's per-client anchors.
+        self._anchor_keys: dict[int, tuple[weakref.ref[Any], str, weakref.finalize[Any, Any]]] = {}
         self._anchor_sweep_at = 256
 
     # -------------------------------------------------------------- install / uninstall
@@ -612,6 +660,9 @@ class V2Shim:
         hooks.wrap(Connection, "send_raw_request", self._connection_send)
         hooks.wrap(client_stdio, "_create_platform_compatible_process", self._spawn)
         hooks.wrap(server_stdio, "stdio_server", self._stdio_server)
+        hooks.wrap(modern_http, "_tool_input_schema", self._schema_lookup)
+        hooks.wrap(jrd.JSONRPCDispatcher, "run", self._dispatcher_run)
+        hooks.wrap(DirectDispatcher, "run", self._dispatcher_run)
         try:  # MCPServer.run("stdio") looks stdio_server up in its own module
             import mcp.server.mcpserver.server as mcpserver_module
         except ImportError:
@@ -660,6 +711,24 @@ class V2Shim:
     def _stdio_server(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         streams = wrapped(*args, **kwargs)
         return _server_pipe(streams) if self.active else streams
+
+    async def _schema_lookup(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        token = _SCHEMA_LOOKUP.set(True)
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            with contextlib.suppress(ValueError):
+                _SCHEMA_LOOKUP.reset(token)
+
+    async def _dispatcher_run(self, wrapped: Any, dispatcher: Any, args: tuple[Any, ...],
+                              kwargs: dict[str, Any]) -> Any:
+        """A stream or in-process pair serving the 2026-07-28 protocol ends when its dispatcher's run does: the
+        budget of the client it carried ends then, not when the anchor is collected."""
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            if self._anchor_keys:
+                self._end_anchor(getattr(dispatcher, "_transport_ctx", dispatcher))
 
     async def _server_send_request(
         self, wrapped: Any, session: ServerSession, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -795,6 +864,16 @@ class V2Shim:
             self._on_connection_end(connection, key)
         return None, key
 
+    def server_key(self, ctx: Any, session: str | None) -> str | None:
+        """A served request's budget key from ``budget.key``: ``session`` (see :meth:`server_session`), the
+        request's ``_meta`` and HTTP headers, the SDK's authenticated principal, the client's identity."""
+        connection = getattr(ctx.session, "_connection", None)
+
+        def client_info() -> Any:
+            return getattr(getattr(connection, "client_params", None), "client_info", None)
+
+        return self.recorder.budget_key(ServerFacts(session, ctx.params, ctx.request, client_info))
+
     def _on_connection_end(self, connection: Any, key: str) -> None:
         # Every SDK driver unwinds the Connection's exit stack when the connection ends (its
         # per-connection cleanup hook); garbage collection is only the fallback.
@@ -805,8 +884,8 @@ class V2Shim:
             weakref.finalize(connection, self.recorder.end_session_soon, "server", key)
 
     def _anchor_key(self, anchor: Any) -> str:
-        """One budget key per client anchor; the session ends when the anchor is collected (the client
-        closed: the dispatcher pair or the stream's channel is gone), or by the registry's idle timeout."""
+        """One budget key per client anchor; the session ends when the anchor's dispatcher stops running (the
+        stream closed, the in-process pair closed), else when the anchor is collected or by idle expiry."""
         entry = self._anchor_keys.get(id(anchor))
         if entry is not None and entry[0]() is anchor:
             return entry[1]
@@ -818,10 +897,18 @@ class V2Shim:
         if len(self._anchor_keys) >= self._anchor_sweep_at:  # forget anchors gone since (ids are reused)
             self._anchor_keys = {i: e for i, e in self._anchor_keys.items() if e[0]() is not None}
             self._anchor_sweep_at = max(256, 2 * len(self._anchor_keys))
-        self._anchor_keys[id(anchor)] = (ref, key)
-        # Runs when the anchor is collected, inside whatever code allocated then: it only queues the end.
-        weakref.finalize(anchor, self.recorder.end_session_soon, "server", key)
+        # The fallback: runs when the anchor is collected, inside whatever code allocated then: it only queues.
+        finalizer = weakref.finalize(anchor, self.recorder.end_session_soon, "server", key)
+        self._anchor_keys[id(anchor)] = (ref, key, finalizer)
         return key
+
+    def _end_anchor(self, anchor: Any) -> None:
+        entry = self._anchor_keys.get(id(anchor))
+        if entry is None or entry[0]() is not anchor:
+            return
+        self._anchor_keys.pop(id(anchor), None)
+        entry[2].detach()
+        self.recorder.end_session("server", entry[1])
 
     # -------------------------------------------------------------- client side
 

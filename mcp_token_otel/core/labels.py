@@ -13,8 +13,9 @@ SPEC_METHODS = (
     "resources/templates/list", "resources/subscribe", "resources/unsubscribe", "prompts/list", "prompts/get",
     "completion/complete", "logging/setLevel", "sampling/createMessage", "elicitation/create", "roots/list",
     "subscriptions/listen", "notifications/initialized", "notifications/cancelled", "notifications/progress",
-    "notifications/message", "notifications/resources/updated", "notifications/resources/list_changed",
-    "notifications/tools/list_changed", "notifications/prompts/list_changed", "notifications/roots/list_changed",
+    "notifications/subscriptions/acknowledged", "notifications/message", "notifications/resources/updated",
+    "notifications/resources/list_changed", "notifications/tools/list_changed", "notifications/prompts/list_changed",
+    "notifications/roots/list_changed",
 )
 
 

@@ -23,6 +23,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from ..config import Config, build_policy
+from ..core.budget_key import KeyFacts, KeySource, choose_budget_key, parse_key_sources
 from ..core.guard import GuardAction, GuardEngine
 from ..core.labels import NameLimiter
 from ..core.measure import Measurement, Policy, measure_error, measure_request, measure_result
@@ -36,6 +37,9 @@ from .labels import LabelBounds, server_info_name
 from .ledger import SessionLedger, SessionMeta, Side
 from .response import Response
 from .spans import SpanAnnotator, capture_from_env, enabled
+
+#: Requests whose result names the server (client side): their own metrics wait for it (see record_input).
+_NAMING = ("initialize", "server/discover")
 
 
 class TokenRecorder:
@@ -67,6 +71,11 @@ class TokenRecorder:
             self._fanout.fault,
         )
         budget = self.config.budget
+        #: The parsed ``budget.key``: what adapters key a message's budget by (see :meth:`budget_key`).
+        self.key_sources: tuple[KeySource, ...] = parse_key_sources(budget.key)
+        #: Whether ``session`` is the first key source: an adapter that knows the session uses it as the key
+        #: without reading anything else of the message.
+        self.session_first = bool(self.key_sources) and self.key_sources[0].kind == "session"
         self._ledger = SessionLedger(budget, self._fanout.fault, self._session_ended, self._meta_evicted)
         self._guards = GuardOrchestrator(
             self.config.guard, self.policy, budget.max_sessions, (self._ledger, self._labels, self._fanout)
@@ -138,6 +147,7 @@ class TokenRecorder:
     def close(self) -> None:
         """Flush and stop background work (uninstrument calls this)."""
         self._end_queued()
+        self._ledger.report_ended()
         self._fanout.close()
 
     # ------------------------------------------------------------------ spans
@@ -161,6 +171,16 @@ class TokenRecorder:
 
     # ------------------------------------------------------------------ messages
 
+    def budget_key(self, facts: KeyFacts) -> str | None:
+        """The budget a message counts toward: the first ``budget.key`` source ``facts`` can answer (a session
+        key is the session id itself; any other is ``"<source>=<value>"``), or None (its tokens then count as
+        unbudgeted when recorded). Pass the result as ``session_id``. Never raises (a fault gives None)."""
+        try:
+            return choose_budget_key(self.key_sources, facts)
+        except Exception:
+            self.fault("budget")
+            return None
+
     def record_input(
         self,
         span: Span | None,
@@ -172,8 +192,10 @@ class TokenRecorder:
         *,
         server: str | None = None,
         hold: dict[str, Any] | None = None,
+        budgeted: bool = True,
     ) -> Measurement | None:
-        """Measure a request's (or notification's) params; ``session_id`` None keeps it off the budget.
+        """Measure a request's (or notification's) params toward the budget ``session_id`` (see
+        :meth:`budget_key`); with ``session_id`` None its tokens count as unbudgeted.
 
         ``attributes`` (the adapter's own, e.g. transport and session id) go onto the span in the same
         ``set_attributes`` call. The session's running totals go on with the response (set once per span).
@@ -181,6 +203,8 @@ class TokenRecorder:
         ``hold``: a dict that receives the request's span attributes instead of the span, for an adapter that
         passes it to :meth:`record_output` as ``held`` (one ``set_attributes`` per call, not two) and sets
         what is still held on the span itself if no output is recorded. Events are added at once either way.
+        ``budgeted=False``: a message that never enters the model's context (a notification): no budget, not
+        unbudgeted either; ``session_id`` then only names the session's server.
         Nothing is recorded inside an OpenTelemetry suppression context.
         """
         if not enabled():
@@ -195,12 +219,17 @@ class TokenRecorder:
             if attributes:
                 self.set_attributes(span, attributes)
             return None
-        update = ledger.record(side, session_id, measurement.total_tokens)
-        meta = ledger.meta(side, session_id, server, attributes)
+        if budgeted:
+            update = ledger.record(side, session_id, measurement.total_tokens)
+            meta = ledger.meta(side, session_id, server, attributes)
+        else:
+            update, meta = None, ledger.find_meta(side, session_id)
         if span is not None:
             self._spans.request(span, method, params, measurement, update, attributes, hold)
         label = self._labels.server(meta, server)
-        if not label and method == "initialize" and side != "server" and meta is not None:
+        if session_id is None and budgeted:
+            self._fanout.unbudgeted(side, label, measurement.total_tokens)
+        if not label and method in _NAMING and side != "server" and meta is not None:
             # The server's name arrives with this request's result: its metrics are recorded then, with it.
             meta.pending = (side, method, measurement.tool_name, "input", measurement, update)
         else:
@@ -285,10 +314,13 @@ class TokenRecorder:
                 cost = guards.cost(tokens)
         update = ledger.record(r.side, r.session_id, tokens)
         meta = ledger.meta(r.side, r.session_id, r.server, None)
-        # What an initialize or tools/list result teaches: the server's name, the declared tools.
-        learns = r.error is None and r.method in ("initialize", "tools/list")
-        definitions = self._from_result(r, meta) if learns else None
+        # What a result teaches: the server's name (a peer's side), the declared tools (tools/list).
+        if r.error is None and meta is not None and meta.server is None and r.side != "server":
+            self._learn_server(r.result, meta)
+        definitions = self._tool_definitions(r.result) if r.error is None and r.method == "tools/list" else None
         server = self._labels.server(meta, r.server)
+        if r.session_id is None:
+            self._fanout.unbudgeted(r.side, server, tokens)
         if meta is not None and meta.pending is not None:  # the initialize request, now with its server
             pending, meta.pending = meta.pending, None
             self._fanout.message(*pending, server)
@@ -307,16 +339,18 @@ class TokenRecorder:
             self._guards.signals(r.span, r.side, actions, (r.tool_name, cost) if cost is not None else None, server)
         return m, deliver
 
-    def _from_result(self, r: Response, meta: SessionMeta | None) -> tuple[int, dict[str, int]] | None:
-        """What an initialize or tools/list result tells: the server's name; the tools it declares and what
-        their definitions cost in context."""
+    def _learn_server(self, result: Any, meta: SessionMeta) -> None:
+        """The server's name from a result: initialize's ``serverInfo``, or the serverInfo stamp of a
+        2026-07-28 result (server/discover's, and any later one's)."""
         try:
-            if r.method == "initialize":
-                name = server_info_name(r.result) if r.side != "server" else None
-                if name is not None and meta is not None:
-                    meta.server = name
-                return None
-            return self._labels.tool_definitions(r.result, self.policy.estimator)
+            meta.server = server_info_name(result)
+        except Exception:
+            self.fault("metrics")
+
+    def _tool_definitions(self, result: Any) -> tuple[int, dict[str, int]] | None:
+        """The tools a tools/list result declares and what their definitions cost in context."""
+        try:
+            return self._labels.tool_definitions(result, self.policy.estimator)
         except Exception:
             self.fault("metrics")
             return None
@@ -380,9 +414,11 @@ class TokenRecorder:
             self.end_session(side, session_id)
 
     def states(self) -> dict[str, dict[str, int]]:
-        """Live sessions per budget state, per side."""
+        """Live sessions per budget state, per side (budgets idle past ``budget.idle_timeout`` ended first)."""
         if self._ledger.ending:
             self._end_queued()
+        self._ledger.expire()
+        self._ledger.report_ended()
         return self._ledger.states()
 
     def session_states(self) -> dict[tuple[str, str], dict[str, int]]:

@@ -95,6 +95,14 @@ class SinkFanout:
                 except Exception:
                     self.fault("metrics")
 
+    def unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        """Tokens that entered a context no budget key could name."""
+        for sink in self.sinks:
+            try:
+                sink.record_unbudgeted(side, server, tokens)
+            except Exception:
+                self.fault("metrics")
+
     def session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
         for sink in self.sinks:
             try:

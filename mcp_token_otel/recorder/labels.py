@@ -2,7 +2,7 @@
 
 The ``server`` label of a series comes from, in order: ``metrics.server_name`` (one name for everything), the
 adapter's own knowledge (the server side knows its name), the proxy's ``--name``, then what the session learnt
-(an initialize result's ``serverInfo.name``).
+(an initialize result's ``serverInfo.name``, the serverInfo stamp of a 2026-07-28 result).
 """
 
 from __future__ import annotations
@@ -18,9 +18,20 @@ if TYPE_CHECKING:
     from .ledger import SessionMeta
 
 
+#: The ``_meta`` key under which a 2026-07-28 server stamps its identity on results (server/discover's first).
+SERVER_INFO_META_KEY = "io.modelcontextprotocol/serverInfo"
+
+
 def server_info_name(result: Any) -> str | None:
-    """``serverInfo.name`` of an initialize result (wire dict or model)."""
-    info = result.get("serverInfo") if isinstance(result, Mapping) else getattr(result, "server_info", None)
+    """The server's name a result tells: ``serverInfo.name`` of an initialize result, else the serverInfo stamp
+    in a 2026-07-28 result's ``_meta`` (wire dict or model)."""
+    if isinstance(result, Mapping):
+        info = result.get("serverInfo")
+        if info is None:
+            meta = result.get("_meta")
+            info = meta.get(SERVER_INFO_META_KEY) if isinstance(meta, Mapping) else None
+    else:
+        info = getattr(result, "server_info", None)
     name = info.get("name") if isinstance(info, Mapping) else getattr(info, "name", None)
     return name if isinstance(name, str) and name else None
 

@@ -1,9 +1,11 @@
 """The session ledger: per-side context-window budgets and what the metrics need per live session.
 
-One lock guards the budget registries. Sessions the registries let go of (ended, idle, evicted at
-``budget.max_sessions``) are noted under that lock and reported after it, so no sink ever runs while it is held
-(a sink may read :meth:`SessionLedger.session_states`). The per-session metadata is bounded too: past
-``budget.max_sessions`` per side the least recently used is evicted and reported, never the whole table at once.
+One lock guards the budget registries. A budget is keyed by what the adapter resolved from ``budget.key`` (a
+session, a conversation, a principal...); the ledger does not care which. Sessions the registries let go of
+(ended, idle past ``budget.idle_timeout``, evicted at ``budget.max_sessions``) are noted under that lock and
+reported after it, so no sink ever runs while it is held (a sink may read :meth:`SessionLedger.session_states`).
+The per-session metadata is bounded too: past ``budget.max_sessions`` per side the least recently used is
+evicted and reported, never the whole table at once.
 """
 
 from __future__ import annotations
@@ -151,6 +153,16 @@ class SessionLedger:
             self._fault("budget")
         self.report_ended()
 
+    def expire(self) -> None:
+        """End the budgets idle past ``budget.idle_timeout`` on every side (each side's own traffic does it for
+        that side too). Noted only: :meth:`report_ended` reports them."""
+        try:
+            with self.lock:
+                for registry in self.sessions.values():
+                    registry.expire()
+        except Exception:
+            self._fault("budget")
+
     def end_soon(self, side: Side, session_id: str) -> None:
         """Queue the session's end for the next safe point (nothing else: see TokenRecorder.end_session_soon)."""
         self.ending.append((side, session_id))
@@ -179,6 +191,9 @@ class SessionLedger:
         """Live sessions per (side, server label) and budget state, every state present. A (side, server) seen
         once keeps its series at 0 when its sessions end. Sessions with no known server count under
         ``label(None)``."""
+        # Budgets idle past the timeout end here too, so a quiet process's gauges do not keep them; a sink is
+        # reading this, so their ends are reported at the next safe point (a message, a session's end, close).
+        self.expire()
         with self.lock:
             live = {side: reg.sessions() for side, reg in self.sessions.items()}
         default = label(None)
