@@ -454,8 +454,9 @@ def _scrape(url: str) -> dict[str, set[str]]:
 def test_dashboards_and_rules_chart_exactly_what_the_service_emits(live: Live) -> None:
     families = _scrape(live.metrics_url)
     emitted = set().union(*families.values())
-    # 17 families + the guard's two (guard actions, cost), which the demo's guards produce.
-    assert len(families) == 19, sorted(families)
+    # 17 families + the guard's two (guard actions, cost), which the demo's guards produce, + the unbudgeted
+    # tokens (its client over streamable HTTP sends no conversation key).
+    assert len(families) == 20, sorted(families)
     records = recording_rules()
     charted: set[str] = set()
     for name, dash in dashboards().items():
@@ -527,6 +528,15 @@ def test_every_panel_query_returns_data(live: Live) -> None:
     # McpTokenSessionExhausted has `for: 0m`: the demo exhausts sessions within seconds, so the firing-alerts
     # panels are not exempt.
     assert not alerts_only, "no firing alert to show:\n" + "\n".join(alerts_only)
+
+
+@pytest.mark.slow
+def test_the_demo_has_unbudgeted_tokens(live: Live) -> None:
+    """The unbudgeted panels show tokens, not only the zero every side's series starts at: the demo's client
+    over streamable HTTP (protocol 2026-07-28, no conversation key) reaches the server with no budget key."""
+    query = 'sum by (server) (mcp_token_unbudgeted_tokens_total{side="server"}) > 0'
+    result = _api(live.prometheus, "/api/v1/query", query=query)["result"]
+    assert [series["metric"].get("server") for series in result] == ["mcp-token-otel-demo"], result
 
 
 @pytest.mark.slow

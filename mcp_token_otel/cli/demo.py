@@ -3,8 +3,10 @@
 An MCPServer with tools whose responses span the four risk tiers (and one that fails now and then) is
 called over the SDK's in-memory JSON-RPC transport by concurrent "agent sessions"; each session keeps
 calling until it has made its planned number of calls, so some end ok and some climb through warning to
-exhaustion of a deliberately small context window. Both sides are instrumented, ``/metrics`` is served,
-and a per-tool summary is printed while it runs and at the end.
+exhaustion of a deliberately small context window. One more client calls the same server over streamable HTTP
+on 127.0.0.1 with protocol 2026-07-28 (no sessions) and sends no conversation key: the server can attribute
+its calls to no budget, so they count as unbudgeted tokens (``mcp_token_unbudgeted_tokens_total``). Both sides
+are instrumented, ``/metrics`` is served, and a per-tool summary is printed while it runs and at the end.
 
 Unless ``--no-guard`` (or a ``guard.mode`` of the user's own), the server side also runs the guards in enforce
 mode (docs/guardrails.md), so every guard signal has data: a response cap that about half of ``export_table``'s
@@ -16,6 +18,7 @@ priced model's input rate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,10 +27,13 @@ import statistics
 import sys
 import time
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
+import anyio.abc
+import uvicorn
 from mcp.types import CallToolResult, TextContent
 
 from ..config import Config
@@ -71,6 +77,7 @@ class DemoStats(BaseSink):
         self.tools: dict[str, ToolStats] = {}
         self.transitions: Counter[str] = Counter()
         self.sessions_ended = 0
+        self.unbudgeted = 0
         self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
 
     def record_message(
@@ -94,6 +101,10 @@ class DemoStats(BaseSink):
             self.sessions_ended += 1
             self._utilization_sum += utilization
 
+    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
+        if side == "server":
+            self.unbudgeted += tokens
+
     def table(self) -> str:
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
                  f"{'overhead':>9}{'errors':>8}"]
@@ -116,7 +127,7 @@ class DemoStats(BaseSink):
                 if self.sessions_ended else "")
         lines.append(
             f"sessions: {self.sessions_ended} ended, {self.transitions['warning']} entered warning, "
-            f"{self.transitions['exhausted']} exhausted{util}"
+            f"{self.transitions['exhausted']} exhausted{util}; {self.unbudgeted:,} tokens in no budget"
         )
         return "\n".join(lines)
 
@@ -133,7 +144,8 @@ def build_server(seed: int = 0) -> Any:
     from mcp.server.mcpserver import MCPServer
 
     rng = random.Random(seed)
-    server = MCPServer("mcp-token-otel-demo")
+    # WARNING: the SDK logs every HTTP request at INFO, which would bury the demo's summary.
+    server = MCPServer("mcp-token-otel-demo", log_level="WARNING")
 
     @server.tool()
     def get_time(timezone: str = "UTC") -> dict[str, Any]:
@@ -201,6 +213,8 @@ class DemoOptions:
     quiet: bool = False
     #: Turn the demo's guards on (when the configuration leaves guard.mode off).
     guard: bool = True
+    #: Add the client over streamable HTTP that sends no conversation key (its tokens are unbudgeted).
+    keyless_client: bool = True
 
     def __post_init__(self) -> None:
         # The CLI checks these too; a library caller gets the same answer instead of a hang or a flood.
@@ -217,13 +231,16 @@ class DemoOptions:
                 raise ValueError(f"demo option {name}: expected {words}, got {getattr(self, name)!r}")
 
 
-async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, stop: anyio.Event) -> None:
+async def _agent(
+    server: Any, rng: random.Random, deadline: float, pace: float, stop: anyio.Event, mode: str = "legacy"
+) -> None:
+    """Sessions of planned calls to ``server`` (an MCPServer in memory, or a URL) until the deadline."""
     from mcp import Client
 
     names, weights = list(TOOL_WEIGHTS), list(TOOL_WEIGHTS.values())
     while not stop.is_set() and time.monotonic() < deadline:
         planned = rng.randint(6, 26)  # some sessions stay ok, some reach warning or exhaustion
-        async with Client(server, mode="legacy") as client:
+        async with Client(server, mode=mode) as client:
             for _ in range(planned):
                 if stop.is_set() or time.monotonic() >= deadline:
                     break
@@ -232,6 +249,39 @@ async def _agent(server: Any, rng: random.Random, deadline: float, pace: float, 
                 await anyio.sleep(pace)
                 if result.is_error and META_GUARD_KEY in (result.meta or {}):
                     break  # refused by a guard (the session's budget is spent): start a new session
+
+
+class _HttpServer(uvicorn.Server):
+    """The demo server's streamable HTTP app on a loopback socket; Ctrl-C stays the demo's to handle."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _http_server(server: Any) -> tuple[_HttpServer, list[Any], str]:
+    """The server, its bound socket (any free port) and the URL a client connects to."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    # The app's lifespan (its session manager) runs in the demo's task group instead, where Ctrl-C cancels it
+    # quietly (uvicorn logs a cancelled lifespan as an error).
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    return _HttpServer(config), [sock], f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+
+
+async def _serve_http(
+    server: Any, http: _HttpServer, sockets: list[Any], *, task_status: anyio.abc.TaskStatus[None]
+) -> None:
+    """Serve until told to exit; started once the socket accepts requests."""
+    async with server.session_manager.run(), anyio.create_task_group() as tg:
+        tg.start_soon(http.serve, sockets)
+        with anyio.fail_after(30):
+            while not http.started:
+                await anyio.sleep(0.05)
+        task_status.started()
 
 
 def _ensure_tracing(config: Config) -> None:
@@ -281,23 +331,33 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             raise RuntimeError(f"cannot serve /metrics on {options.metrics_host}:{options.metrics_port}")
         guards = (f"; guards {config.guard.mode} on the {', '.join(config.guard.sides)} side"
                   if config.guard.mode != "off" else "")
-        print(f"mcp-token-otel demo: metrics at {service.server.url}; context window {options.context_window:,} "
-              f"tokens; {options.sessions} concurrent sessions at ~{options.rate:g} calls/s{guards}", file=out,
-              flush=True)
         server = build_server(options.seed)
+        http, sockets, url = _http_server(server) if options.keyless_client else (None, [], "")
+        keyless = (f" + 1 client over streamable HTTP ({url}, protocol 2026-07-28) with no conversation key"
+                   if http is not None else "")
+        print(f"mcp-token-otel demo: metrics at {service.server.url}; context window {options.context_window:,} "
+              f"tokens; {options.sessions} concurrent sessions{keyless} at ~{options.rate:g} calls/s{guards}",
+              file=out, flush=True)
         deadline = time.monotonic() + options.duration if options.duration > 0 else float("inf")
-        pace = options.sessions / options.rate
+        agents = options.sessions + (http is not None)
+        pace = agents / options.rate  # the rate is every agent's calls together
         stop = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 for i in range(options.sessions):
                     tg.start_soon(_agent, server, random.Random(options.seed * 1000 + i), deadline, pace, stop)
+                if http is not None:
+                    await tg.start(_serve_http, server, http, sockets)
+                    rng = random.Random(options.seed * 1000 + options.sessions)
+                    tg.start_soon(_agent, url, rng, deadline, pace, stop, "auto")
                 if not options.quiet:
                     tg.start_soon(_report, stats, options.interval, deadline, out)
                 timeout = max(0.0, deadline - time.monotonic()) if deadline != float("inf") else None
                 with anyio.move_on_after(timeout):
                     await anyio.sleep_forever()
                 stop.set()
+                if http is not None:
+                    http.should_exit = True
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
             recorder.flush()  # a user sink runs off the call path: replay what is still queued

@@ -232,7 +232,7 @@ class PrometheusMetrics:
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
         self.counts["mcp_token_instrumentation_errors"].touch(("estimate", server))
-        for side in ("client", "server", "proxy"):
+        for side in ("client", "server", "proxy") if server else ():  # an unknown name gets its real one later
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:

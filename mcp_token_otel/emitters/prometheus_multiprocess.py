@@ -79,7 +79,7 @@ class SharedFileFamilies:
         self._series: dict[tuple[str, str, str, str | None, str], tuple[Any, ...]] = {}
         # Series that alerts take increase() of exist at 0 from the start.
         self.m["mcp_token_instrumentation_errors"].labels("estimate", server)
-        for side in ("client", "server", "proxy"):
+        for side in ("client", "server", "proxy") if server else ():  # an unknown name gets its real one later
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:
