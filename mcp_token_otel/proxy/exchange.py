@@ -1,0 +1,538 @@
+"""One HTTP exchange through the relay: a client's request (its body whole or streamed, within its deadline),
+the round trip on a pooled upstream connection, and the response relayed as its bytes arrive (whole when a
+guard holds it, by length, or as a stream watched for the client leaving). See http.py for the connection
+around it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+import urllib.parse
+from typing import TYPE_CHECKING, Any
+
+from .http1 import DATA, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError
+from .jsonrpc import BODY, C2S, S2C, SSE
+from .transport import Channel
+
+if TYPE_CHECKING:
+    from .http import Relay
+
+logger = logging.getLogger("mcp_token_otel.proxy")
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade",
+})
+CONNECT_TIMEOUT = 10.0
+#: Request bodies up to this size are read whole and sent with the head in one write (and may be retried
+#: on a fresh upstream connection when a pooled one turns out closed); larger or chunked ones stream.
+SMALL_BODY = 1024 * 1024
+CHUNK = 64 * 1024
+MAX_IDLE_UPSTREAM = 64
+#: Wire event: the peer closed the connection.
+CLOSED = -1
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class UpstreamBroken(Exception):
+    """The upstream failed (reset, EOF, bad framing) after the response started."""
+
+
+class ClientGone(Exception):
+    """The client left (or was cut off at the body deadline) in the middle of its request body."""
+
+
+class Wire:
+    """The reading side of one connection: bytes from the socket through the parser, events out in order."""
+
+    __slots__ = ("parser", "reader", "transport")
+
+    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport) -> None:
+        self.reader = reader
+        self.parser = parser
+        self.transport = transport  # aborted when a deadline passes
+
+    async def next(self) -> tuple[int, Any]:
+        """The next event (http1.HEAD, DATA, END, ERROR), or CLOSED."""
+        events = self.parser.events
+        while not events:
+            data = await self.reader.read(CHUNK)
+            if not data:
+                return CLOSED, None
+            self.parser.feed(data)
+        return events.popleft()
+
+    @property
+    def spent(self) -> bool:
+        """Nothing read past the message just ended (a connection that may be reused)."""
+        return not self.parser.events and not self.parser.in_head and not self.parser.failed
+
+
+def nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Upstream:
+    """Where requests go, and a pool of kept-alive connections to it."""
+
+    def __init__(self, url: urllib.parse.SplitResult) -> None:
+        self.host = url.hostname or ""
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if url.scheme == "https" else None
+        self.idle: list[Conn] = []
+
+    async def connect(self) -> Conn:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=MAX_HEAD,
+                                    server_hostname=self.host if self.ssl else None),
+            CONNECT_TIMEOUT)
+        nodelay(writer)
+        return reader, writer
+
+    def take(self) -> Conn | None:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            # Bytes waiting on an idle connection: the upstream is not speaking HTTP we can follow; not reused.
+            if reader.at_eof() or writer.is_closing() or reader._buffer:  # type: ignore[attr-defined]
+                writer.close()
+                continue
+            return reader, writer
+        return None
+
+    def give_back(self, conn: Conn) -> None:
+        if len(self.idle) < MAX_IDLE_UPSTREAM and not conn[1].is_closing():
+            self.idle.append(conn)
+        else:
+            conn[1].close()
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """Header names listed in Connection (hop-by-hop too, RFC 9110 7.6.1)."""
+    out: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            out.update(t.strip().lower() for t in value.split(b","))
+    return out
+
+
+def _hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes] | set[bytes]:
+    return HOP_BY_HOP | connection_tokens(headers) if any(n.lower() == b"connection" for n, _ in headers) \
+        else HOP_BY_HOP
+
+
+class Exchange:
+    """One request of a client connection and its response; :meth:`run` says whether the connection goes on."""
+
+    def __init__(self, relay: Relay, wire: Wire, writer: asyncio.StreamWriter, request: Head, keep: bool) -> None:
+        self.relay = relay
+        self.measurer = relay.telemetry.measurer
+        self.wire = wire
+        self.writer = writer
+        self.request = request
+        self.keep = keep
+        self.session_id: str | None = None
+        self.tracker: Any = None
+        self.up: Any = None  # the request body's measuring stream
+
+    def _upstream_head(self) -> tuple[list[bytes], bool, str | None]:
+        """The request head towards the upstream without its framing; whether the client expects a 100
+        Continue; the protocol version it named."""
+        request = self.request
+        drop = _hop_by_hop(request.headers)
+        out = [request.method + b" " + request.target + b" HTTP/1.1\r\n"]
+        expect = False
+        version: str | None = None
+        for name, value in request.headers:
+            lower = name.lower()
+            if lower in drop or lower == b"content-length":  # framing is written by the caller
+                continue
+            if lower == b"expect":  # answered here: the body is read before anything goes upstream
+                expect = value.lower() == b"100-continue"
+                if expect:
+                    continue
+            if lower == b"mcp-session-id":
+                self.session_id = value.decode("latin-1")
+            elif lower == b"mcp-protocol-version":
+                version = value.decode("latin-1")
+            out.append(name + b": " + value + b"\r\n")
+        return out, expect, version
+
+    async def run(self) -> bool:
+        """Relay the exchange; True when the client connection may take another request."""
+        request, measurer = self.request, self.measurer
+        length, chunked = request.length, request.chunked
+        out, expect, version = self._upstream_head()
+        tracker = self.tracker = self.relay.tracker(self.session_id) \
+            if not request.target.startswith(b"/.well-known/") else None
+        if tracker is not None and version:
+            measurer.set_tracker(tracker, protocol_version=version)
+        if tracker is not None and request.method == b"POST":
+            self.up = measurer.stream(tracker, C2S, BODY)
+        if expect and (length or chunked):
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if length is not None and length <= SMALL_BODY:  # the usual POST: whole, then sent with the head
+            body = await self._small_body()
+            if body is None:
+                return self._unmeasured(False)
+            refusal, body = self._guard_request(body)
+            if refusal is not None:  # refused: the proxy answers, the server never sees the call
+                await answer_json(self.writer, refusal, self.keep)
+                return self._unmeasured(self.keep)
+            out.append(b"content-length: %d\r\n\r\n" % len(body))
+            return await self._forward(b"".join(out), body, None)
+        if length is not None or chunked:
+            out.append(b"content-length: %d\r\n\r\n" % length if length is not None
+                       else b"transfer-encoding: chunked\r\n\r\n")
+            return await self._forward(b"".join(out), None, self._body())
+        out.append(b"\r\n")  # GET, DELETE...: no body (and a retry on a fresh connection is safe)
+        return await self._forward(b"".join(out), b"", None)
+
+    def _unmeasured(self, keep: bool) -> bool:
+        """The exchange ends before the upstream saw it: what was measured is finished."""
+        if self.up is not None:
+            self.measurer.finish(self.up)
+            self.up = None
+        if self.tracker is not None and self.session_id is None:
+            self.measurer.close_tracker(self.tracker)
+        return keep
+
+    async def _body(self) -> Any:
+        """The request body's pieces as they arrive (chunked framing removed), within the body deadline: a
+        client that dribbles its body is cut off (its connection closed) when the deadline passes."""
+        wire = self.wire
+        timer = asyncio.get_running_loop().call_later(self.relay.proxy.body_timeout, wire.transport.abort)
+        try:
+            while True:
+                kind, value = await wire.next()
+                if kind == DATA:
+                    yield value
+                elif kind == END:
+                    return
+                elif kind == ERROR:
+                    raise value
+                else:
+                    raise ClientGone()
+        finally:
+            timer.cancel()
+
+    async def _small_body(self) -> bytes | None:
+        """The whole body; None when the client left, was cut off, or sent it malformed (answered 400)."""
+        try:
+            return b"".join([piece async for piece in self._body()])
+        except (ClientGone, ConnectionError):
+            return None
+        except HttpError as exc:
+            await refuse(self.writer, exc)
+            return None
+
+    def _guard_request(self, body: bytes) -> tuple[bytes | None, bytes]:
+        """Context injection, then the request guards on a whole body: (the proxy's answer when refused,
+        the body to send on)."""
+        tracker, relay = self.tracker, self.relay
+        if relay.injector is not None and tracker is not None and body:
+            body = relay.injector.rewrite_body(tracker, body)
+        if relay.guard and self.up is not None and (b'"tools/call"' in body or b'"result"' in body):
+            # What a guard may refuse (a tools/call) or change (the client's result to a server's request) is
+            # handled before it goes upstream; other requests are measured after the response head, as without
+            # guards (an initialize's span then carries the session it created).
+            forward, reply = self.measurer.message(self.up, body)
+            self.up = None  # handled
+            if reply is not None:
+                return reply, body
+            if forward is not None:
+                body = forward
+        return None, body
+
+    async def _forward(self, head: bytes, body: bytes | None, source: Any) -> bool:
+        """Send the request upstream and relay its response; True when the client connection goes on."""
+        measurer, request, tracker, session_id = self.measurer, self.request, self.tracker, self.session_id
+        conn: Conn | None = None
+        reusable = response_started = False
+        try:
+            try:
+                conn, response, uwire = await self._send(head, body, source)
+            except HttpError as exc:
+                await refuse(self.writer, exc)
+                return False
+            except ClientGone:
+                return False  # nobody to answer
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, UpstreamBroken) as exc:
+                logger.warning("mcp-token-otel proxy: upstream %s %s failed: %s", request.method.decode("latin-1"),
+                               request.target.decode("latin-1"), exc or type(exc).__name__)
+                await refuse(self.writer, HttpError(502, "Bad Gateway"),
+                             b"mcp-token-otel proxy: upstream unreachable\n")
+                return False
+            new_session = response.get(b"mcp-session-id")
+            if tracker is not None and session_id is None and new_session:
+                new_id = new_session.decode("latin-1")
+                measurer.set_tracker(tracker, session_key=new_id, session_id=new_id)  # joins the session
+            if self.up is not None:  # measured after the session is known: the request's span carries it
+                measurer.finish(self.up)
+                self.up = None
+            response_started = True
+            reusable, completed = await self._respond(response, uwire)
+            if session_id is not None and (request.method == b"DELETE" or response.status == 404):
+                self.relay.end_session(session_id)  # gone upstream: its budget closes
+            return completed and self.keep
+        except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
+            logger.warning("mcp-token-otel proxy: upstream response broken: %s", exc or type(exc).__name__)
+            reusable = False
+            if not response_started:
+                await refuse(self.writer, HttpError(502, "Bad Gateway"))
+            return False
+        except (OSError, asyncio.CancelledError):
+            reusable = False
+            raise
+        finally:
+            if source is not None:
+                await source.aclose()  # its body deadline ends with it
+            if conn is not None:
+                if reusable:
+                    self.relay.upstream.give_back(conn)
+                else:
+                    conn[1].close()
+            self._unmeasured(False)
+
+    async def _send(self, head: bytes, body: bytes | None, source: Any) -> tuple[Conn, Head, Wire]:
+        """Send the request upstream and read the response head (1xx answers are skipped, not relayed)."""
+        upstream, up, measurer, chunked = self.relay.upstream, self.up, self.measurer, self.request.chunked
+        pooled = upstream.take()
+        for attempt in (0, 1):
+            conn = pooled if pooled is not None and attempt == 0 else await upstream.connect()
+            ureader, uwriter = conn
+            try:
+                if body is not None:
+                    if up is not None and body and attempt == 0:
+                        measurer.put(up, body)
+                    uwriter.write(head + body if len(body) <= CHUNK else head)
+                    if len(body) > CHUNK:
+                        uwriter.write(body)
+                else:
+                    uwriter.write(head)
+                    async for data in source:
+                        if up is not None:
+                            measurer.put(up, data)
+                        uwriter.write(b"%x\r\n" % len(data) + data + b"\r\n" if chunked else data)
+                        await uwriter.drain()
+                    if chunked:
+                        uwriter.write(b"0\r\n\r\n")
+                await uwriter.drain()
+                uwire = Wire(ureader, Http1Parser(response=True), uwriter.transport)
+                while True:
+                    kind, value = await uwire.next()
+                    if kind == HEAD and not (100 <= value.status < 200 and value.status != 101):
+                        return conn, value, uwire
+                    if kind == ERROR:
+                        raise UpstreamBroken(f"bad response head: {value.reason}")
+                    if kind == CLOSED:
+                        raise asyncio.IncompleteReadError(b"", None)
+                    # an interim answer (100 Continue...) and its end: not relayed
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:
+                uwriter.close()
+                # A pooled connection the upstream had closed: once more on a fresh one when the body allows.
+                if conn is pooled and attempt == 0 and body is not None:
+                    continue
+                raise UpstreamBroken(str(exc) or type(exc).__name__) from None
+            except BaseException:
+                uwriter.close()
+                raise
+        raise UpstreamBroken("no connection")
+
+    def _response_head(self, response: Head) -> tuple[list[bytes], bool]:
+        """The response head towards the client, as lines; whether the response has no body."""
+        status, rheaders = response.status, response.headers
+        no_body = self.request.method == b"HEAD" or status in (204, 304)
+        drop = _hop_by_hop(rheaders)
+        rout = [b"HTTP/1.1 %d " % status + response.reason + b"\r\n"]
+        rout += [n + b": " + v + b"\r\n" for n, v in rheaders if n.lower() not in drop]
+        if not no_body and response.length is None and self.keep:
+            rout.append(b"transfer-encoding: chunked\r\n")  # else: until close
+        if not self.keep:
+            rout.append(b"connection: close\r\n")
+        rout.append(b"\r\n")
+        return rout, no_body
+
+    async def _respond(self, response: Head, uwire: Wire) -> tuple[bool, bool]:
+        """Relay the response (its head is read); (upstream connection reusable, client connection usable)."""
+        writer, rlength = self.writer, response.length
+        rout, no_body = self._response_head(response)
+        rhead = b"".join(rout)
+        reusable = response.keep_alive and response.version == b"HTTP/1.1"
+        if no_body or rlength == 0:
+            writer.write(rhead)
+            await writer.drain()
+            return reusable, True
+        channel = self._response_channel(response)
+        source = _upstream_body(uwire, rlength is None and not response.chunked)
+        if channel is not None and channel.holds_body and rlength is not None:
+            # Guards on: a JSON body is held whole, guarded, then sent (re-serialised: its own length).
+            body = b"".join([piece async for piece in source])
+            forward = channel.whole(body)
+            channel.finish()
+            if forward is not body:
+                rhead = b"".join(line for line in rout[:-1] if not line.lower().startswith(b"content-length:")) \
+                    + b"content-length: %d\r\n\r\n" % len(forward)
+            writer.write(rhead + forward)
+            await writer.drain()
+            return reusable and uwire.spent, True
+        if rlength is not None:
+            await self._relay_length(rhead, source, channel)
+            return reusable and uwire.spent, True
+        # Streams (SSE...): relayed chunk by chunk while watching the client for a disconnect.
+        completed = await self._relay_stream(rhead, source, channel)
+        return completed and reusable and response.chunked and uwire.spent, completed
+
+    async def _relay_length(self, rhead: bytes, source: Any, channel: Channel | None) -> None:
+        """A body of known length (a JSON answer), relayed as it arrives."""
+        writer = self.writer
+        first = True
+        finished = False
+        try:
+            async for data in source:
+                if channel is not None:
+                    data = channel.feed(data)[0]
+                writer.write(rhead + data if first else data)  # head and first chunk in one segment
+                first = False
+                await writer.drain()
+            if channel is not None:
+                finished = True
+                rest = channel.finish()[0]
+                if rest or first:
+                    writer.write(rhead + rest if first else rest)
+                    await writer.drain()
+        finally:
+            if channel is not None and not finished:
+                channel.measurer.finish(channel.stream)
+
+    async def _relay_stream(self, rhead: bytes, source: Any, channel: Channel | None) -> bool:
+        """Relay a stream until it ends or the client leaves; True when it went through whole. Chunked towards
+        a kept-alive client, else until close."""
+        writer, wire, framed = self.writer, self.wire, self.keep
+        writer.write(rhead)
+        await writer.drain()
+        gone = asyncio.Event()
+
+        def frame(data: bytes) -> bytes:
+            return b"%x\r\n" % len(data) + data + b"\r\n" if framed else data
+
+        async def watch() -> None:
+            try:
+                data = await wire.reader.read(CHUNK)
+            except (ConnectionError, OSError):  # reset by the client: gone too
+                data = b""
+            if data:
+                wire.parser.feed(data)  # a pipelined request: parsed now, answered next; stop watching
+            else:
+                gone.set()
+
+        async def pump() -> None:
+            finished = False
+            try:
+                async for data in source:
+                    if channel is not None:  # with guards on, whole events go on once guarded
+                        data = channel.feed(data)[0]
+                    if data:
+                        writer.write(frame(data))
+                        await writer.drain()
+                if channel is not None:
+                    finished = True
+                    rest = channel.finish()[0]
+                    if rest:
+                        writer.write(frame(rest))
+                if framed:
+                    writer.write(b"0\r\n\r\n")
+                await writer.drain()
+            finally:
+                if channel is not None and not finished:
+                    channel.measurer.finish(channel.stream)
+
+        return await _until_done_or_gone(pump(), watch(), gone)
+
+    def _response_channel(self, response: Head) -> Channel | None:
+        """How a response body is measured (and guarded): JSON bodies and SSE streams, uncompressed; None: not."""
+        if self.tracker is None or response.status in (401, 403):
+            return None
+        encoding = (response.get(b"content-encoding") or b"identity").lower()
+        if encoding != b"identity":
+            return None  # relayed as is; compressed bodies are not measured
+        ctype = (response.get(b"content-type") or b"").split(b";")[0].strip().lower()
+        measurer = self.measurer
+        if ctype == b"text/event-stream":
+            return Channel(measurer, self.tracker, S2C, SSE)
+        if ctype == b"application/json":
+            # Guards on, a body known to be too large to hold is measured as it passes, never held.
+            large = self.relay.guard and response.length is not None and response.length > measurer.max_message
+            return Channel(measurer, self.tracker, S2C, BODY, guard=not large)
+        return None
+
+
+async def _until_done_or_gone(pump: Any, watch: Any, gone: asyncio.Event) -> bool:
+    """Run the stream's pump while watching its client; True when the pump finished and the client stayed."""
+    watching = asyncio.ensure_future(watch)
+    pumping = asyncio.ensure_future(pump)
+    try:
+        while not pumping.done():
+            await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if gone.is_set():
+                logger.info("mcp-token-otel proxy: client went away mid-stream; upstream request closed")
+                return False
+            if watching.done() and not pumping.done():
+                await pumping
+                break
+    finally:
+        for task in (pumping, watching):
+            task.cancel()
+        for task in (pumping, watching):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    try:
+        pumping.result()
+    except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ConnectionError, OSError) as exc:
+        logger.warning("mcp-token-otel proxy: upstream stream broken: %s", exc or type(exc).__name__)
+        return False
+    return True
+
+
+async def _upstream_body(uwire: Wire, until_eof: bool) -> Any:
+    """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
+    while True:
+        kind, value = await uwire.next()
+        if kind == DATA:
+            yield value
+        elif kind == END:
+            return
+        elif kind == CLOSED:
+            if until_eof:
+                return
+            raise UpstreamBroken("upstream closed before the end of the body")
+        elif kind == ERROR:
+            raise UpstreamBroken(f"bad response body: {value.reason}")
+
+
+async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool) -> None:
+    """The proxy's own answer to a POST (a refused tools/call): 200, one JSON-RPC response."""
+    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+                 + (b"" if keep else b"connection: close\r\n") + b"\r\n" + body)
+    await writer.drain()
+
+
+async def refuse(writer: asyncio.StreamWriter, exc: HttpError, body: bytes | None = None) -> None:
+    """Answer with an error and close (the connection's state is unknown after it)."""
+    text = body if body is not None else f"mcp-token-otel proxy: {exc.reason}\n".encode()
+    with contextlib.suppress(Exception):
+        writer.write(b"HTTP/1.1 %d " % exc.status + exc.reason.encode("latin-1")
+                     + b"\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(text)
+                     + text)
+        await writer.drain()
