@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -355,17 +355,18 @@ def _counting_app(bodies: list[bytes]) -> Callable[..., list[bytes]]:
     return app
 
 
-def _call(app: Callable[..., list[bytes]], accept: str = "text/plain") -> bytes:
+def _call(app: Callable[..., Iterable[bytes]], accept: str = "text/plain") -> bytes:
     return b"".join(app({"PATH_INFO": "/metrics", "HTTP_ACCEPT": accept}, lambda status, headers: None))
 
 
 def test_shared_rendering_policy_by_age() -> None:
     """Under 1/2 max age: reused. Between 1/2 and the max age: the request refreshes it (others would keep
     getting the old one meanwhile). Past the max age or on an idle server: a new rendering."""
-    from mcp_token_otel.emitters import metrics_server
+    from mcp_token_otel.emitters import shared_renders
 
-    clock, bodies, busy = _Clock(), [], [True]
-    shared = metrics_server._SingleFlight(_counting_app(bodies), 1.0, busy=lambda: busy[0], clock=clock)
+    bodies: list[bytes] = []
+    clock, busy = _Clock(), [True]
+    shared = shared_renders.SingleFlight(_counting_app(bodies), 1.0, busy=lambda: busy[0], clock=clock)
     assert _call(shared) == b"render 1 for text/plain"
     clock.now += 0.4
     assert _call(shared) == b"render 1 for text/plain"  # 0.4 s old: shared
@@ -382,13 +383,14 @@ def test_shared_rendering_policy_by_age() -> None:
     assert _call(shared) == b"render 4 for text/plain"  # one kept rendering per request shape
     for i in range(100):  # a client varying its headers cannot grow what is kept
         _call(shared, f"text/x-{i}")
-    assert len(shared._finished) <= metrics_server._KEPT_RENDERS
+    assert len(shared._finished) <= shared_renders.KEPT_RENDERS
 
 
 def test_while_one_request_refreshes_the_others_get_the_kept_rendering() -> None:
-    from mcp_token_otel.emitters import metrics_server
+    from mcp_token_otel.emitters import shared_renders
 
-    clock, bodies, release = _Clock(), [], threading.Event()
+    bodies: list[bytes] = []
+    clock, release = _Clock(), threading.Event()
     counting = _counting_app(bodies)
 
     def slow(environ: dict[str, object], start_response: Callable[..., object]) -> list[bytes]:
@@ -396,7 +398,7 @@ def test_while_one_request_refreshes_the_others_get_the_kept_rendering() -> None
             assert release.wait(30)
         return counting(environ, start_response)
 
-    shared = metrics_server._SingleFlight(slow, 1.0, busy=lambda: True, clock=clock)
+    shared = shared_renders.SingleFlight(slow, 1.0, busy=lambda: True, clock=clock)
     assert _call(shared) == b"render 1 for text/plain"
     clock.now += 0.7
     with ThreadPoolExecutor(1) as pool:

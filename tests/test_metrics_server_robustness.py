@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from mcp_token_otel.emitters.metrics_server import DEFAULT_WORKERS, MAX_REQUEST_HEAD, MetricsServer
+from mcp_token_otel.emitters.metrics_server import DEFAULT_WORKERS, MetricsServer
+from mcp_token_otel.emitters.request_head import MAX_REQUEST_HEAD
 
 from .test_metrics_server import wait_for
 

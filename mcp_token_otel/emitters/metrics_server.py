@@ -11,15 +11,15 @@ fixed pool of worker threads that get the response and write it in one ``sendall
 read (a scrape has none): a client that dribbles one holds no worker, its answer is sent and the connection
 closed. Every response closes its connection (``Connection: close``): a request pipelined behind the first
 is not answered, and the client sends it again on a new connection. Renderings are shared (see
-:class:`_SingleFlight`): scrapes that arrive together share one, and while other clients wait for an answer
-a rendering under ``render_max_age`` seconds old is reused, so 50 scrapers back to back cost about two
-renderings a second, not one per scrape; a scrape on an otherwise idle server always renders afresh. Every
-connection has a deadline for its TLS handshake and whole request head (``request_timeout``); past
-``max_connections`` open connections new ones get an immediate 503 and are closed; a malformed request gets
-a 400, a head over 16 KiB a 431, and the server then reads and discards what the client still sends until it
-closes or its deadline passes (closing at once would reset the connection before the client could read the
-answer). The listen backlog is sized for bursts of scrapers. Threads: one plus ``workers``, whatever the
-clients do.
+:class:`~.shared_renders.SingleFlight`): scrapes that arrive together share one, and while other clients
+wait for an answer a rendering under ``render_max_age`` seconds old is reused, so 50 scrapers back to back
+cost about two renderings a second, not one per scrape; a scrape on an otherwise idle server always renders
+afresh. Every connection has a deadline for its TLS handshake and whole request head (``request_timeout``);
+past ``max_connections`` open connections new ones get an immediate 503 and are closed; a malformed request
+gets a 400, a head over 16 KiB a 431, and the server then reads and discards what the client still sends
+until it closes or its deadline passes (closing at once would reset the connection before the client could
+read the answer). The listen backlog is sized for bursts of scrapers. Threads: one plus ``workers``,
+whatever the clients do.
 """
 
 from __future__ import annotations
@@ -40,14 +40,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from email.utils import formatdate
 from typing import Any
-from urllib.parse import unquote
 
-import httptools
 from prometheus_client import CollectorRegistry, make_asgi_app, make_wsgi_app
 
-WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+from .request_head import BAD_REQUEST, SERVER_ERROR, RequestHead, environ_from
+from .shared_renders import SingleFlight, WsgiApp
+
 AsgiApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 _CHALLENGE = b'Basic realm="mcp-token-otel metrics"'
@@ -143,7 +142,7 @@ DEFAULT_REQUEST_TIMEOUT = 5.0
 #: Open connections at most (prometheus.max_connections); beyond, new ones get a 503 at once.
 DEFAULT_MAX_CONNECTIONS = 512
 #: Threads answering complete requests. Scrapes that arrive while one renders wait for and share that
-#: render (see _SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
+#: render (see SingleFlight), so a worker mostly waits; 16 let a burst of 50 scrapers share few renders.
 DEFAULT_WORKERS = 16
 #: Seconds a finished rendering may be reused by scrapes arriving while other clients wait for an answer
 #: (prometheus.render_max_age_seconds). Prometheus scrapes every 15 s or so: a render under a second old is
@@ -152,8 +151,6 @@ DEFAULT_RENDER_MAX_AGE = 1.0
 #: Pending connections the kernel queues before accept(): the standard library's 5 overflowed under 50
 #: parallel scrapers (each overflow costs the client a 1 s SYN retry).
 LISTEN_BACKLOG = 1024
-#: Largest request head accepted; a scrape's is a few hundred bytes.
-MAX_REQUEST_HEAD = 16 * 1024
 #: Bytes read and discarded after refusing a request, at most.
 _MAX_DISCARD = 1 << 20
 _REFUSAL = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
@@ -185,240 +182,13 @@ def tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
     return context
 
 
-class _Response:
-    """A finished rendering: what the WSGI app answered, and the same as HTTP/1.1 bytes ready to send."""
-
-    __slots__ = ("_wire", "body", "headers", "status")
-
-    def __init__(self, status: str, headers: list[tuple[str, str]], body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
-        self._wire: bytes | None = None
-
-    def wire(self, with_body: bool = True) -> bytes:
-        """The response as sent on a connection that closes after it (built once; shared by every scrape
-        that shares the rendering, so each costs one ``sendall``)."""
-        if not with_body:
-            return self._head()
-        if self._wire is None:  # two threads may build it at once: same bytes, no harm
-            self._wire = self._head() + self.body
-        return self._wire
-
-    def _head(self) -> bytes:
-        lines = [f"HTTP/1.1 {self.status}"]
-        lines += [f"{name}: {value}" for name, value in self.headers
-                  if name.lower() not in ("content-length", "connection", "date")]
-        lines += [f"Content-Length: {len(self.body)}", f"Date: {formatdate(usegmt=True)}", "Connection: close"]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-class _Flight:
-    def __init__(self, started: float) -> None:
-        self.started = started  # monotonic time the rendering began: its data is at least this fresh
-        self.done = threading.Event()
-        self.result: _Response | None = None
-
-
-#: Request fields that select what a scrape returns: requests equal in these may share one rendering.
-#: The credentials are among them, so an unauthorised request never receives an authorised body.
-_FLIGHT_KEY = (
-    "REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "HTTP_AUTHORIZATION",
-)
-#: Finished renderings kept for reuse, at most (one per distinct request shape; a client varying its
-#: headers cannot grow this past the bound).
-_KEPT_RENDERS = 16
-
-
-class _SingleFlight:
-    """WSGI middleware sharing renderings between scrapes.
-
-    * A request that arrives while an identical one is being rendered waits for that rendering and gets the
-      same bytes (headers and gzip included), instead of rendering the registry again.
-    * A request that arrives while other clients wait for an answer (``busy()``) may get the last
-      finished rendering if that began at most ``max_age`` seconds before the request arrived; past half that
-      age one such request renders anew meanwhile, so the others never wait for a rendering. Under a burst of
-      scrapers the cost is about one rendering per ``max_age / 2``, not one per request or per wave; the data
-      is never more than ``max_age`` older than the request.
-    * A request on an otherwise idle server always gets a rendering that began after it arrived (or joins one in
-      progress), so a scrape made after recording something sees it.
-    """
-
-    def __init__(
-        self,
-        app: WsgiApp,
-        max_age: float = 0.0,
-        busy: Callable[[], bool] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._app = app
-        self._max_age = max_age
-        self._busy = busy or (lambda: False)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._flights: dict[tuple[str, ...], _Flight] = {}
-        self._finished: dict[tuple[str, ...], _Flight] = {}  # the last finished rendering per request shape
-        #: Renderings made (for tests and troubleshooting).
-        self.renders = 0
-
-    def _render(self, environ: dict[str, Any]) -> _Response:
-        started: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            started[:] = [status, headers]
-            return lambda data: None
-
-        self.renders += 1
-        chunks = self._app(environ, start_response)
-        try:
-            body = b"".join(chunks)
-        finally:
-            close = getattr(chunks, "close", None)
-            if callable(close):
-                close()
-        return _Response(started[0], list(started[1]), body)
-
-    def _keep(self, key: tuple[str, ...], flight: _Flight) -> None:
-        """Remember a finished rendering (under the lock); drop the stale ones and keep the bound."""
-        if self._max_age <= 0 or flight.result is None:
-            return
-        self._finished.pop(key, None)
-        self._finished[key] = flight
-        oldest = flight.started - self._max_age
-        for stale in [k for k, f in self._finished.items() if f.started < oldest]:
-            del self._finished[stale]
-        while len(self._finished) > _KEPT_RENDERS:
-            del self._finished[next(iter(self._finished))]
-
-    def respond(self, environ: dict[str, Any]) -> _Response:
-        """The response for this request: shared, kept, or rendered now (see the class)."""
-        key = tuple(str(environ.get(name, "")) for name in _FLIGHT_KEY)
-        arrived = self._clock()
-        with self._lock:
-            flight = self._flights.get(key)
-            recent = self._finished.get(key)
-            age = arrived - recent.started if recent is not None else self._max_age + 1
-            # Reuse a recent rendering on a busy server; past half its age the first request renders anew
-            # while the others keep getting it.
-            fresh_enough = age <= self._max_age and (flight is not None or age <= self._max_age / 2)
-            if recent is not None and recent.result is not None and fresh_enough and self._busy():
-                return recent.result
-            if flight is not None:
-                leader = False
-            else:
-                leader, flight = True, _Flight(arrived)
-                self._flights[key] = flight
-        if leader:
-            try:
-                result = flight.result = self._render(environ)
-            finally:
-                with self._lock:
-                    del self._flights[key]
-                    self._keep(key, flight)
-                flight.done.set()
-            return result
-        flight.done.wait(60)
-        return flight.result if flight.result is not None else self._render(environ)  # the leader failed
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        response = self.respond(environ)
-        start_response(response.status, response.headers)
-        return [response.body]
-
-
-_BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-_SERVER_ERROR = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-
-
-class _HeadComplete(Exception):
-    """Raised from llhttp's callback to stop parsing at the end of the first head (nothing after it is read)."""
-
-
-class _RequestHead:
-    """One request head, fed as it arrives and parsed by llhttp: ``feed`` returns None while it is incomplete,
-    else the refusal to send (None in ``refusal`` when the head is complete and well formed)."""
-
-    __slots__ = ("_cr", "_line_done", "_parser", "headers", "method", "size", "target", "version")
-
-    def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
-        # Bare LF line ends are taken, as scrapers' hand-made requests use them (no body is ever read here, so
-        # there is no framing to smuggle through). llhttp's flag covers the header lines; the request line's
-        # own LF gets its CR below.
-        self._parser.set_dangerous_leniencies(lenient_optional_cr_before_lf=True)
-        self._line_done = False
-        self._cr = False  # the last byte fed was a CR
-        self.size = 0
-        self.method = ""
-        self.target = b""
-        self.version = ""
-        self.headers: list[tuple[bytes, bytes]] = []
-
-    def feed(self, data: bytes) -> bytes | None:
-        """None: the head is not complete yet; b"": complete and well formed; else the refusal to send."""
-        self.size += len(data)
-        if not self._line_done:
-            nl = data.find(b"\n")
-            if nl >= 0:
-                self._line_done = True
-                if not (data[nl - 1:nl] == b"\r" if nl else self._cr):
-                    data = data[:nl] + b"\r" + data[nl:]
-            self._cr = data.endswith(b"\r")
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserCallbackError as exc:
-            if isinstance(exc.__context__, _HeadComplete):
-                return _TOO_LARGE if self._fields() > MAX_REQUEST_HEAD else b""
-            return _BAD_REQUEST
-        except httptools.HttpParserError:
-            return _BAD_REQUEST
-        return _TOO_LARGE if self.size > MAX_REQUEST_HEAD else None
-
-    def _fields(self) -> int:
-        return len(self.target) + sum(len(name) + len(value) + 4 for name, value in self.headers)
-
-    # llhttp callbacks
-
-    def on_url(self, url: bytes) -> None:
-        self.target += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.version = self._parser.get_http_version()
-        self.method = self._parser.get_method().decode("latin-1")
-        raise _HeadComplete
-
-
-def _environ(head: _RequestHead, environ: dict[str, Any]) -> bool:
-    """Fill a WSGI ``environ`` from a request head; False when it is not an HTTP/1.x request. Header names
-    holding ``_`` are dropped (as wsgiref does: they could pose as others)."""
-    if not head.version.startswith("1."):
-        return False
-    target = head.target.decode("latin-1")
-    if "://" in target:  # absolute form: keep the path and query
-        target = "/" + target.split("://", 1)[1].partition("/")[2]
-    path, _, query = target.partition("?")
-    environ.update(REQUEST_METHOD=head.method, PATH_INFO=unquote(path, "latin-1"), QUERY_STRING=query,
-                   SERVER_PROTOCOL="HTTP/" + head.version)
-    for raw_name, raw_value in head.headers:
-        name = raw_name.decode("latin-1")
-        if "_" in name:
-            continue
-        key = name.upper().replace("-", "_")
-        key = key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else "HTTP_" + key
-        value = raw_value.decode("latin-1").strip()
-        environ[key] = f"{environ[key]},{value}" if key in environ else value
-    return True
-
-
 @dataclass(eq=False)
 class _Connection:
     sock: socket.socket
     address: Any
     deadline: float
     handshaking: bool
-    head: _RequestHead = field(default_factory=_RequestHead)
+    head: RequestHead = field(default_factory=RequestHead)
     done: bool = False  # dispatched to a worker or dropped
     settled: bool = False  # its response is decided (being written) or it is closed
     draining: bool = False  # refused: what the client still sends is read and discarded until it closes
@@ -443,7 +213,7 @@ class MetricsServer:
         # Busy: another client is waiting for an answer. A connection stops counting once its response is
         # decided, before any of it is sent, so a client that scrapes again after reading its answer never
         # finds its own previous connection counted.
-        self._app = _SingleFlight(app, render_max_age, busy=lambda: self._unsettled > 1)
+        self._app = SingleFlight(app, render_max_age, busy=lambda: self._unsettled > 1)
         self._context = context
         self.max_connections = max_connections
         self.request_timeout = request_timeout
@@ -499,7 +269,7 @@ class MetricsServer:
         """Listen on host:port (0 picks a free port; an IPv6 address such as ``::1`` works too). ``render``:
         the plain-text exposition of ``registry``, faster than prometheus-client's (OpenMetrics keeps it).
         ``render_max_age``: how old a finished rendering may be when a scrape arriving on a busy server reuses
-        it (0: share only renderings in progress); see :class:`_SingleFlight`."""
+        it (0: share only renderings in progress); see :class:`~.shared_renders.SingleFlight`."""
         context = tls_context(tls_cert_file, tls_key_file) if tls_cert_file else None  # before binding
         listener = _listen(host, port)
         return cls(
@@ -681,15 +451,15 @@ class MetricsServer:
         environ = dict(self.base_environ)
         environ["REMOTE_ADDR"] = str(conn.address[0]) if isinstance(conn.address, tuple) else ""
         environ["wsgi.input"] = io.BytesIO()
-        if not _environ(conn.head, environ):
+        if not environ_from(conn.head, environ):
             self._settle(conn)
-            conn.sock.sendall(_BAD_REQUEST)
+            conn.sock.sendall(BAD_REQUEST)
             return
         try:
             response = self._app.respond(environ)
         except Exception:
             self._settle(conn)
-            conn.sock.sendall(_SERVER_ERROR)
+            conn.sock.sendall(SERVER_ERROR)
             raise
         self._settle(conn)
         conn.sock.sendall(response.wire(with_body=environ["REQUEST_METHOD"] != "HEAD"))
