@@ -1,5 +1,9 @@
-"""End to end: demo workload -> /metrics -> real Prometheus (shipped rules) -> real Alertmanager (shipped
+"""End to end: a workload -> /metrics -> real Prometheus (shipped rules) -> real Alertmanager (shipped
 routing) -> a webhook receiver in this test.
+
+Two workloads: the demo (every alert it can raise, then their resolution), and an instrumented server over
+streamable HTTP called with protocol 2026-07-28, which has no sessions: the conversation's budget is keyed by
+the client's ``gen_ai.conversation.id`` baggage entry, and its exhaustion pages.
 
 The shipped files are used as they are, except what a test must change: ports, the receivers' URLs,
 and every duration divided by ``SCALE`` (windows, ``for``, ``keep_firing_for``, Alertmanager's group
@@ -8,13 +12,17 @@ timings) so the alerts fire and resolve in about two minutes instead of hours.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy/prometheus/rules/mcp-token-otel.rules.yml"
 PROMETHEUS_YML = ROOT / "deploy/prometheus/prometheus.yml"
 ALERTMANAGER_YML = ROOT / "deploy/alertmanager/alertmanager.yml"
+ALERTING = Path(__file__).resolve().parent / "alerting"
 SCALE = 30  # 10m -> 20s, 1h -> 2m, 6h -> 12m
 _DURATION = re.compile(r"(\d+)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -80,6 +89,9 @@ class Webhook:
         return [(path, a) for path, a in list(self.notifications)
                 if a["status"] == status and all(a["labels"].get(k) == v for k, v in labels.items())]
 
+    def first(self, status: str, **labels: str) -> tuple[str, dict[str, Any]] | None:
+        return next(iter(self.find(status, **labels)), None)
+
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float, procs: list[subprocess.Popen]) -> Any:
     deadline = time.monotonic() + timeout
@@ -88,7 +100,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, procs: list[su
         if result:
             return result
         for proc in procs:
-            assert proc.poll() is None, f"{proc.args[0]} exited early while waiting for {what}"
+            assert proc.poll() is None, f"{proc.args!r} exited early while waiting for {what}"
         time.sleep(1)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
@@ -101,8 +113,24 @@ def http_ok(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+def port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+    return False
+
+
+def query(prometheus: str, expr: str) -> float | None:
+    """The value of a one-series instant query, None when it has no result."""
+    url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.loads(response.read())["data"]["result"]
+    assert len(result) <= 1, result
+    return float(result[0]["value"][1]) if result else None
+
+
+@contextlib.contextmanager
+def running_stack(tmp_path: Path, workload: Callable[[int], list[str]]) -> Iterator[dict[str, Any]]:
+    """Alertmanager, Prometheus and the workload (its command for the /metrics port it must serve)."""
     prometheus = require_binary("prometheus")
     alertmanager = require_binary("prometheus-alertmanager", "alertmanager")
     webhook = Webhook()
@@ -132,7 +160,7 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(scaled_rules()))
 
     procs: list[subprocess.Popen] = []
-    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("alertmanager", "prometheus", "demo")}  # noqa: SIM115
+    logs = {name: open(tmp_path / f"{name}.log", "wb") for name in ("alertmanager", "prometheus", "workload")}  # noqa: SIM115
     try:
         procs.append(subprocess.Popen(
             [alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}", f"--storage.path={tmp_path / 'am'}",
@@ -142,16 +170,12 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{ports['prometheus']}", "--enable-feature=exemplar-storage"],
             stdout=logs["prometheus"], stderr=subprocess.STDOUT))
-        demo = subprocess.Popen(
-            [sys.executable, "-m", "mcp_token_otel.cli", "demo", "--metrics-port", str(ports["metrics"]),
-             "--duration", "0", "--quiet", "--rate", "15"],
-            stdout=logs["demo"], stderr=subprocess.STDOUT)
-        procs.append(demo)
+        procs.append(subprocess.Popen(workload(ports["metrics"]), stdout=logs["workload"], stderr=subprocess.STDOUT))
         am_url = f"http://127.0.0.1:{ports['alertmanager']}"
         prom_url = f"http://127.0.0.1:{ports['prometheus']}"
         wait_for("alertmanager ready", lambda: http_ok(f"{am_url}/-/ready"), 60, procs)
         wait_for("prometheus ready", lambda: http_ok(f"{prom_url}/-/ready"), 60, procs)
-        yield {"webhook": webhook, "procs": procs, "demo": demo, "prometheus": prom_url, "logs": tmp_path}
+        yield {"webhook": webhook, "procs": procs, "workload": procs[-1], "prometheus": prom_url, "logs": tmp_path}
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -164,6 +188,16 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         for log in logs.values():
             log.close()
         webhook.server.shutdown()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    def demo(metrics_port: int) -> list[str]:
+        return [sys.executable, "-m", "mcp_token_otel.cli", "demo", "--metrics-port", str(metrics_port),
+                "--duration", "0", "--quiet", "--rate", "15"]
+
+    with running_stack(tmp_path, demo) as running:
+        yield running
 
 
 EXPECTED = [
@@ -183,8 +217,7 @@ def test_alerts_fire_through_alertmanager_and_resolve(stack: dict[str, Any]) -> 
     webhook: Webhook = stack["webhook"]
     procs: list[subprocess.Popen] = stack["procs"]
     for labels, receiver in EXPECTED:
-        path, alert = wait_for(f"firing {labels}", lambda labels=labels: next(iter(webhook.find("firing", **labels)),
-                                                                            None), 180, procs)
+        path, alert = wait_for(f"firing {labels}", functools.partial(webhook.first, "firing", **labels), 180, procs)
         assert path == receiver, (labels, path)
         annotations = alert["annotations"]
         assert annotations["summary"].endswith("."), annotations
@@ -199,8 +232,43 @@ def test_alerts_fire_through_alertmanager_and_resolve(stack: dict[str, Any]) -> 
     assert all("session_id" not in a["labels"] for _, a in webhook.notifications)
 
     # Traffic stops: the alerts resolve (after keep_firing_for) and Alertmanager says so.
-    stack["demo"].send_signal(signal.SIGINT)
-    stack["demo"].wait(timeout=30)
-    running = [p for p in procs if p is not stack["demo"]]
+    stack["workload"].send_signal(signal.SIGINT)
+    stack["workload"].wait(timeout=30)
+    running = [p for p in procs if p is not stack["workload"]]
     for labels, _ in EXPECTED:
-        wait_for(f"resolved {labels}", lambda labels=labels: webhook.find("resolved", **labels), 240, running)
+        wait_for(f"resolved {labels}", functools.partial(webhook.find, "resolved", **labels), 240, running)
+
+
+def test_session_exhaustion_pages_on_2026_streamable_http(tmp_path: Path) -> None:
+    """Protocol 2026-07-28 has no Mcp-Session-Id: the server keys the budget by the conversation's baggage entry,
+    20 calls of about 4 KB exhaust its 15,000-token window, and McpTokenSessionExhausted pages."""
+    http_port = free_port()
+
+    def server(metrics_port: int) -> list[str]:
+        return [sys.executable, str(ALERTING / "server_2026.py"), str(http_port), str(metrics_port)]
+
+    with running_stack(tmp_path, server) as stack:
+        webhook: Webhook = stack["webhook"]
+        procs: list[subprocess.Popen] = stack["procs"]
+        wait_for("the MCP server", lambda: port_open(http_port), 60, procs)
+        # Scraped before the conversation starts: an exhaustion older than the target's first scrape cannot page.
+        wait_for("a first scrape", lambda: query(stack["prometheus"], 'up{job="mcp-token-otel"} == 1'), 60, procs)
+        client = subprocess.run(
+            [sys.executable, str(ALERTING / "client_2026.py"), f"http://127.0.0.1:{http_port}/mcp",
+             "conversation-2026-e2e", "20"], capture_output=True, text=True, timeout=120, check=False)
+        assert client.returncode == 0, client.stderr
+        assert client.stdout.strip() == "protocol 2026-07-28; answered 20 of 20", client.stdout
+
+        exhaustion = functools.partial(webhook.first, "firing", alertname="McpTokenSessionExhausted", side="server")
+        path, alert = wait_for("the exhaustion page", exhaustion, 180, procs)
+        assert path == "/pager"
+        assert alert["labels"]["job"] == "mcp-token-otel" and alert["labels"]["severity"] == "critical"
+        assert alert["annotations"]["runbook_url"].endswith("docs/runbook.md#mcptokensessionexhausted")
+        # One conversation, one budget: it exhausted once, and none of its tokens went unbudgeted.
+        prometheus = stack["prometheus"]
+        server_side = 'side="server", server="alerting-2026"'
+        exhausted = f'sum(mcp_token_session_transitions_total{{{server_side}, state="exhausted"}})'
+        assert query(prometheus, exhausted) == 1
+        assert query(prometheus, f"sum(mcp_token_unbudgeted_tokens_total{{{server_side}}})") == 0
+        output = f'sum(mcp_token_tokens_total{{{server_side}, method="tools/call", direction="output"}})'
+        assert (query(prometheus, output) or 0) > 15_000
