@@ -194,8 +194,12 @@ class OutboundCall:
         key: str | None,
         attrs: dict[str, Any],
         input_attrs: Mapping[str, Any] | None = None,
+        server: str | None = None,
     ):
         self.shim, self.side, self.method, self.params, self.key = shim, side, method, params, key
+        #: The server's name where the sender knows it (a client session's, once negotiated): a budget keyed by
+        #: the conversation gets it with its first message.
+        self.server = server
         self.attrs = attrs
         self.input_attrs = input_attrs  # e.g. server.address/port of an HTTP transport, set with the estimate
         self.tool = called_tool(method, params)
@@ -238,7 +242,8 @@ class OutboundCall:
                 self.pending.replay(self.span)
         except Exception:
             rec.fault("span")
-        rec.record_input(self.span, self.side, self.method, self.params, self.key, attributes=self.input_attrs)
+        rec.record_input(self.span, self.side, self.method, self.params, self.key, attributes=self.input_attrs,
+                         server=self.server)
 
     def end(self, extra: Mapping[str, Any] | None = None) -> None:
         rec = self.shim.recorder
@@ -498,6 +503,7 @@ class DispatcherProxy:
         self._transport = None if self._direct else transport
         self._key = uuid.uuid4().hex  # the session budget key: stable for this ClientSession
         self._propagate = shim.recorder.config.budget.propagate
+        self._server: str | None = None
         # server.address/port and network.protocol.name of an HTTP transport (on the span with the estimate).
         self._http = http_attributes(getattr(self._transport[1], "url", None)) if self._transport else {}
 
@@ -512,11 +518,22 @@ class DispatcherProxy:
         session = self._session()
         return getattr(session, "protocol_version", None) if session is not None else None
 
-    def _budget_key(self, params: Any) -> str | None:
+    def _budget_key(self, params: Any) -> str:
         """The session's key, unless ``budget.key`` puts another source first (read from this request and the
-        current context's baggage, as the server reads it)."""
+        current context's baggage, as the server reads it); the session's when no source is present (a client
+        always knows its session)."""
         rec = self._shim.recorder
-        return self._key if rec.session_first else rec.budget_key(ClientFacts(session=self._key, params=params))
+        if rec.session_first:
+            return self._key
+        return rec.budget_key(ClientFacts(session=self._key, params=params)) or self._key
+
+    def _server_name(self) -> str | None:
+        """The server's name once the session negotiated (initialize's serverInfo, the 2026 discover stamp)."""
+        if self._server is None:
+            session = self._session()
+            name = getattr(getattr(session, "server_info", None), "name", None)
+            self._server = name if isinstance(name, str) and name else None
+        return self._server
 
     async def send_raw_request(self, method: str, params: Mapping[str, Any] | None, opts: Any = None) -> Any:
         shim = self._shim
@@ -543,7 +560,8 @@ class DispatcherProxy:
             )
         except Exception:
             rec.fault("span")
-        call = OutboundCall(shim, "client", method, params, self._budget_key(params), attrs, self._http)
+        call = OutboundCall(shim, "client", method, params, self._budget_key(params), attrs, self._http,
+                            self._server_name())
         call.version = self._protocol_version()
         try:
             result = await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
