@@ -40,15 +40,26 @@ def authenticated_principal() -> str | None:
 
 class ServerFacts(MessageFacts):
     """A served request's facts: the HTTP request's headers and peer (``request``: a Starlette request, or None
-    off HTTP), the SDK's authentication, the client's ``clientInfo`` (``client_info()``: called when asked)."""
+    off HTTP), the SDK's authentication, the client's ``clientInfo`` (``client_info()``: called when asked).
+    ``carried``: an OpenTelemetry context already extracted from the request (baggage the shim took out of
+    ``_meta`` before any handler saw it)."""
 
-    __slots__ = ("_client_info", "_request")
+    __slots__ = ("_carried", "_client_info", "_request")
 
-    def __init__(self, session: str | None, params: Any, request: Any, client_info: Callable[[], Any]) -> None:
+    def __init__(self, session: str | None, params: Any, request: Any, client_info: Callable[[], Any],
+                 carried: Context | None = None) -> None:
         headers = getattr(request, "headers", None) if request is not None else None
         super().__init__(session=session, params=params, headers=headers)
         self._request = request
         self._client_info = client_info
+        self._carried = carried
+
+    def baggage(self, name: str) -> str | None:
+        value = super().baggage(name)
+        if value is None and self._carried is not None:
+            carried = baggage.get_baggage(name, self._carried)
+            value = carried if isinstance(carried, str) and carried else None
+        return value
 
     def principal(self) -> str | None:
         return authenticated_principal()

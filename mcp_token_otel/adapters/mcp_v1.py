@@ -61,6 +61,7 @@ from ..recorder import Side, TokenRecorder
 from ..semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from ._common import MARK as _MARK
 from ._common import Hooks, argument, detach, extract_parent, installed, is_mcp_span, wire_dict
+from .budget_keys import ClientFacts, ServerFacts, with_conversation_baggage
 
 logger = logging.getLogger(__name__)
 
@@ -218,6 +219,7 @@ class V1Shim:
         self._hooks = Hooks()
         self._sessions: weakref.WeakKeyDictionary[Any, _SessionInfo] = weakref.WeakKeyDictionary()
         self._propagate = recorder.config.spans.propagate_context
+        self._conversation = recorder.config.budget.propagate  # budget.propagate: the conversation's baggage
         self._injected = _Injected()
 
     # -------------------------------------------------------------- install / uninstall
@@ -380,6 +382,8 @@ class V1Shim:
         side, key = info.side, info.key
         method, params = "unknown", None
         data: dict[str, Any] | None = None
+        if key is not None and side == "client" and not rec.session_first:
+            key = rec.budget_key(ClientFacts(session=key, params=self._params_of(request))) or key
         span, own, token = None, None, None
         try:
             data = wire_dict(request)
@@ -414,6 +418,8 @@ class V1Shim:
         if data is not None and answer is None:
             try:
                 request = self._inject(request, data, info)
+                if self._conversation and side == "client":
+                    request = self._with_conversation(request)
             except Exception:
                 rec.fault("span")
         # HTTP: server.address/port and network.protocol.name from the transport's URL (with the estimate).
@@ -479,6 +485,24 @@ class V1Shim:
             self.recorder.fault("estimate")
             return None
 
+    @staticmethod
+    def _params_of(request: Any) -> Any:
+        try:
+            return wire_dict(request).get("params")
+        except Exception:
+            return None
+
+    @staticmethod
+    def _with_conversation(request: Any) -> Any:
+        """budget.propagate: the request with the context's conversation baggage entry in ``_meta`` where it
+        carries no baggage yet (never into a request without params)."""
+        data = wire_dict(request)
+        params = data.get("params")
+        if not isinstance(params, Mapping):
+            return request
+        carried = with_conversation_baggage(params)
+        return request if carried is params else type(request).model_validate({**data, "params": carried})
+
     def _inject(self, request: Any, data: dict[str, Any], info: _SessionInfo) -> Any:
         """The request with our W3C context in ``params._meta`` (a new, re-validated model), where
         ``spans.propagate_context`` allows it; never into a request without params (it would gain some)."""
@@ -518,17 +542,21 @@ class V1Shim:
         return await wrapped(*args, **kwargs)
 
     def _measure_notification(self, session: Any, notification: Any) -> None:
-        """A notification's params, on the metrics only (no span, never on a budget)."""
+        """A notification's params, on the metrics only (no span, never on a budget; its session names the
+        server)."""
         try:
             side = _side_of(session)
             if side is None:
                 return
             data = wire_dict(notification)
             method, params = str(data.get("method", "unknown")), data.get("params")
+            info = self._sessions.get(session)
         except Exception:
             self.recorder.fault("estimate")
             return
-        self.recorder.record_input(None, side, method, params)
+        server = _server_name(session) if side == "server" else None
+        self.recorder.record_input(None, side, method, params, info.key if info is not None else None,
+                                   server=server, budgeted=False)
 
     async def _received_notification(
         self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -565,7 +593,8 @@ class V1Shim:
             span = rec.start_span(span_name(method, params), SpanKind.SERVER, attrs, context=extract_parent(meta))
         except Exception:
             rec.fault("span")
-        rec.record_input(span, "server", method, params)  # no session: notifications stay off budgets
+        # Notifications stay off budgets.
+        rec.record_input(span, "server", method, params, server=_server_name(session), budgeted=False)
         return span
 
     # -------------------------------------------------------------- inbound requests
@@ -652,6 +681,8 @@ class V1Shim:
         except Exception:
             rec.fault("span")
         server = _server_name(session) if side == "server" else None
+        if side == "server" and (key is None or not rec.session_first):
+            key = self._server_key(responder, session, params, key)
         state = _InboundState(
             span, token, side, method, called_tool(method, params), key, info, started=time.perf_counter(),
             server=server,
@@ -667,6 +698,18 @@ class V1Shim:
             self._guard_inbound(state, params)  # the budget as it stands: before the request is recorded
         http = _request_http_attributes(responder) if side == "server" else None
         rec.record_input(span, side, method, params, key, attributes=http, server=server)
+
+    def _server_key(self, responder: Any, session: Any, params: Any, session_key: str | None) -> str | None:
+        """A served request's budget key from ``budget.key``: the session (none on stateless HTTP), the
+        request's ``_meta`` (and the baggage this shim carried in it), HTTP headers, the SDK's authenticated
+        principal, the client's identity."""
+        request = getattr(getattr(responder, "message_metadata", None), "request_context", None)
+
+        def client_info() -> Any:
+            return getattr(getattr(session, "client_params", None), "clientInfo", None)
+
+        facts = ServerFacts(session_key, params, request, client_info, getattr(responder, _PARENT, None))
+        return self.recorder.budget_key(facts)
 
     def _guard_inbound(self, state: _InboundState, params: Any) -> None:
         """Keep the request's chain depth for the requests its handler sends, and take the guard's decision:
