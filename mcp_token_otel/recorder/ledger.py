@@ -86,6 +86,8 @@ class SessionLedger:
     def record(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:
         """Add ``tokens`` to the session's budget (None: no session, or a fault)."""
         if session_id is None:
+            if self._ended:  # budgets that went idle at a collection: reported at this safe point
+                self.report_ended()
             return None
         try:
             with self.lock:

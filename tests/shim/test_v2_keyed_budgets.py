@@ -106,7 +106,7 @@ def over_http(mode: str, value: str | None) -> list[types.CallToolResult]:
     results: list[types.CallToolResult] = []
 
     async def client(port: int) -> None:
-        async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as c:  # type: ignore[arg-type]
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as c:
             assert c.protocol_version == PROTOCOLS[mode]
             results.extend(await twenty_calls(c, value))
 
@@ -140,9 +140,10 @@ def test_http_budget_follows_the_conversation(otel: Otel, mode: str) -> None:
         assert_only_discovery_unbudgeted(sink)
         assert_no_empty_server(sink)
     for span in otel.spans():
-        if span.attributes.get("mcp.method.name") in ("tools/call", "server/discover", "initialize"):
-            assert span.attributes.get("mcp.protocol.version") == PROTOCOLS[mode], span.name
-            assert ("mcp.session.id" in span.attributes) is (mode == "legacy"), span.name
+        attributes = dict(span.attributes or {})
+        if attributes.get("mcp.method.name") in ("tools/call", "server/discover", "initialize"):
+            assert attributes.get("mcp.protocol.version") == PROTOCOLS[mode], span.name
+            assert ("mcp.session.id" in attributes) is (mode == "legacy"), span.name
 
 
 def test_http_2026_without_a_key_counts_unbudgeted(otel: Otel) -> None:
@@ -236,3 +237,19 @@ def test_mcp_param_schema_lookup_is_not_traffic(otel: Otel) -> None:
             assert total(sink, "mcp_token_message_tokens_count", side=side, method="tools/list") == 1
             assert total(sink, "mcp_token_message_tokens_count", side=side, method="tools/call") == 3
         assert_no_empty_server(sink)
+
+
+def test_a_budget_with_no_close_ends_when_idle() -> None:
+    """A conversation's budget ends after budget.idle_timeout without traffic, its utilization observed once,
+    even when nothing else happens on its side (found at a metrics collection, reported at the next message)."""
+    recorder = TokenRecorder(make_config(budget={"idle_timeout": 0.01}))
+    ends = Ends()
+    recorder.add_sink(ends, inline=True)
+    recorder.record_input(None, "server", "tools/call", {"name": "fetch"}, "baggage:gen_ai.conversation.id=c1",
+                          server="keyed-test")
+    assert recorder.session_states()[("server", "keyed-test")]["ok"] == 1
+    anyio.run(anyio.sleep, 0.05)
+    assert recorder.session_states()[("server", "keyed-test")]["ok"] == 0  # gone from the gauge at collection
+    recorder.record_input(None, "client", "ping", {}, None)
+    assert ends.ends == [("server", "keyed-test")]
+    recorder.close()
