@@ -679,8 +679,9 @@ class V2Shim:
         hooks.wrap(client_stdio, "_create_platform_compatible_process", self._spawn)
         hooks.wrap(server_stdio, "stdio_server", self._stdio_server)
         hooks.wrap(modern_http, "_tool_input_schema", self._schema_lookup)
-        hooks.wrap(jrd.JSONRPCDispatcher, "run", self._dispatcher_run)
-        hooks.wrap(DirectDispatcher, "run", self._dispatcher_run)
+        # Where a dispatcher stops (sync hooks: a wrapper around the run coroutine would resume with every message).
+        hooks.wrap(jrd.JSONRPCDispatcher, "_fan_out_closed", self._dispatcher_stopped)
+        hooks.wrap(DirectDispatcher, "close", self._dispatcher_stopped)
         try:  # MCPServer.run("stdio") looks stdio_server up in its own module
             import mcp.server.mcpserver.server as mcpserver_module
         except ImportError:
@@ -738,15 +739,19 @@ class V2Shim:
             with contextlib.suppress(ValueError):
                 _SCHEMA_LOOKUP.reset(token)
 
-    async def _dispatcher_run(self, wrapped: Any, dispatcher: Any, args: tuple[Any, ...],
-                              kwargs: dict[str, Any]) -> Any:
-        """A stream or in-process pair serving the 2026-07-28 protocol ends when its dispatcher's run does: the
-        budget of the client it carried ends then, not when the anchor is collected."""
+    def _dispatcher_stopped(self, wrapped: Any, dispatcher: Any, args: tuple[Any, ...],
+                            kwargs: dict[str, Any]) -> Any:
+        """A stream (its JSON-RPC dispatcher's run ending: EOF, cancellation) or an in-process pair (closed as the
+        client leaves) serving the 2026-07-28 protocol is gone: the budget of the client it carried ends now, not
+        when the anchor is collected."""
         try:
-            return await wrapped(*args, **kwargs)
+            return wrapped(*args, **kwargs)
         finally:
             if self._anchor_keys:
-                self._end_anchor(getattr(dispatcher, "_transport_ctx", dispatcher))
+                try:
+                    self._end_anchor(getattr(dispatcher, "_transport_ctx", dispatcher))
+                except Exception:
+                    self.recorder.fault("budget")
 
     async def _server_send_request(
         self, wrapped: Any, session: ServerSession, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, types
+from mcp.client._memory import InMemoryTransport
 from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import Context, MCPServer
 from opentelemetry import baggage, context
@@ -199,10 +200,15 @@ def test_in_process_propagate_is_what_carries_the_conversation(otel: Otel, propa
         assert_no_empty_server(sink)
 
 
-def test_in_process_2026_session_ends_when_the_client_closes(otel: Otel) -> None:
-    """The in-process pair's budget ends as the client closes (reported at once), not when collected."""
+@pytest.mark.parametrize("streams", [False, True], ids=["direct", "streams"])
+def test_in_process_2026_session_ends_when_the_client_closes(otel: Otel, streams: bool) -> None:
+    """The in-process pair's budget (or, over memory streams as over stdio, the stream's) ends as the client
+    closes (reported at once), not when collected."""
     async def main() -> None:
-        async with Client(make_server(), mode="auto") as client:
+        server = make_server()
+        async with Client(InMemoryTransport(server) if streams else server, mode="auto") as client:
+            assert client.protocol_version == "2026-07-28"
+            await client.call_tool("fetch", {})
             await client.call_tool("fetch", {})
             assert ("server", "keyed-test") not in ends.ends
 
