@@ -14,19 +14,9 @@ from typing import Any
 
 import pytest
 
-from mcp_token_otel.core.contract import (
-    CheckLimits,
-    LockError,
-    build_lock,
-    diff_locks,
-    failing,
-    input_fields,
-    lock_text,
-    output_fields,
-    profile_server,
-    schema_type,
-    validate_lock,
-)
+from mcp_token_otel.core.contract import LockError, build_lock, lock_text, profile_server, validate_lock
+from mcp_token_otel.core.lock_diff import CheckLimits, diff_locks, failing
+from mcp_token_otel.core.schemas import input_fields, output_fields, schema_type
 
 from .support import node_env, npm_peer
 

@@ -5,11 +5,10 @@ import math
 import pytest
 
 from mcp_token_otel import aggregate_profiles, compute_static_profile, estimate_tokens, profile_tool_definition
+from mcp_token_otel.core.bounds import VALUE_TOKENS
 from mcp_token_otel.core.profiles import (
     ENVELOPE_TOKENS,
-    UNBOUNDED_ITEMS,
     UNKNOWN_ITEM_TOKENS,
-    VALUE_TOKENS,
     base_tokens_of,
     tool_definition_tokens,
 )
@@ -27,7 +26,9 @@ def test_bounds_in_priority_order() -> None:
     limited = compute_static_profile("ls", fields, agent_limit=10)
     assert limited.max_tokens == base * 10 + ENVELOPE_TOKENS and limited.bounded
     unbounded = compute_static_profile("ls", fields)
-    assert unbounded.max_tokens == base * UNBOUNDED_ITEMS and not unbounded.bounded
+    # No item limit and no egress cap: unbounded, no maximum (never a stand-in figure), critical.
+    assert unbounded.max_tokens is None and unbounded.bounded is False and unbounded.risk == "critical"
+    assert unbounded.reason == "unbounded: no item limit and no egress cap"
     assert unbounded.min_tokens == base
 
 
@@ -50,9 +51,11 @@ def test_aggregate_orders_critical_first() -> None:
     unb = compute_static_profile("walk", ["path"])
     agg = aggregate_profiles([low, high, unb, crit])
     assert agg.overall_risk == "critical"
-    assert agg.critical_tool_names == ("dump",) and agg.unbounded_tool_names == ("walk",)
-    assert agg.recommendations[0].startswith("Tool 'dump'")
-    assert agg.recommendations[1].startswith("Tool 'page'")
+    # An unbounded tool is critical: it comes first with the critical ones, in listing order.
+    assert agg.critical_tool_names == ("walk", "dump") and agg.unbounded_tool_names == ("walk",)
+    assert agg.recommendations[0].startswith("Tool 'walk'")
+    assert agg.recommendations[1].startswith("Tool 'dump'")
+    assert agg.recommendations[2].startswith("Tool 'page'")
     assert aggregate_profiles([]).overall_risk == "low"
 
 
@@ -66,16 +69,23 @@ def test_profile_of_a_real_tool_definition() -> None:
                 "number": {"type": "integer"}, "title": {"type": "string"}, "labels": {"type": "array"}}}},
             "total": {"type": "integer"}}},
     }
+    # Nested 'labels' has no maxItems: unbounded at any depth, and said so.
     p = profile_tool_definition(tool)
-    assert p.bounded and p.field_count == 3
-    assert p.max_tokens == base_of(["number", "title", "labels"]) * 30 + ENVELOPE_TOKENS
+    assert p.bounded is False and p.field_count == 3 and p.max_tokens is None and p.risk == "critical"
+    assert p.reason == 'unbounded: array "issues[].labels" has no maxItems'
+    tool["outputSchema"]["properties"]["issues"]["items"]["properties"]["labels"]["maxItems"] = 5
+    p = profile_tool_definition(tool)
+    item = base_of(["number", "title"]) + estimate_tokens('"labels":') + 2 + 5 * (VALUE_TOKENS + 1)
+    total = estimate_tokens('"total":') + VALUE_TOKENS
+    assert p.bounded and p.max_tokens == item * 30 + total + ENVELOPE_TOKENS
     assert p.definition_tokens > 20
     del tool["outputSchema"]["properties"]["issues"]["maxItems"]
     p = profile_tool_definition(tool)
-    assert not p.bounded and any("(issues)" in r for r in p.recommendations)
+    assert not p.bounded and any('array "issues" has no maxItems' in r for r in p.recommendations)
     bare = profile_tool_definition({"name": "export", "inputSchema": {}})
-    assert not bare.bounded and bare.field_count == 0
-    assert bare.max_tokens == UNKNOWN_ITEM_TOKENS * UNBOUNDED_ITEMS and bare.risk == "high"
+    # No outputSchema: unknown, no invented figure; rated high.
+    assert bare.bounded is None and bare.field_count == 0 and bare.max_tokens is None and bare.risk == "high"
+    assert bare.reason == "unknown: no outputSchema"
     assert any("no outputSchema" in r for r in bare.recommendations)
     single = profile_tool_definition({"name": "now", "outputSchema": {"type": "object", "properties": {
         "time": {"type": "string"}}}})
@@ -88,7 +98,7 @@ def test_uninformative_output_schema_is_not_safer_than_none() -> None:
     for schema in ({}, {"type": "object"}, {"type": "object", "properties": {}}, "object", [1], 3, True):
         p = profile_tool_definition({"name": "t", "inputSchema": {}, "outputSchema": schema})
         assert (p.risk, p.bounded, p.max_tokens, p.limit_source) == (none.risk, none.bounded, none.max_tokens, "none")
-        assert (p.risk, p.bounded) == ("high", False), schema
+        assert (p.risk, p.bounded) == ("high", None), schema  # unknown, rated high
         assert any("declares no result fields" in r for r in p.recommendations)
     assert any("not an object (str)" in r for r in profile_tool_definition(
         {"name": "t", "outputSchema": "object"}).recommendations)
@@ -96,14 +106,16 @@ def test_uninformative_output_schema_is_not_safer_than_none() -> None:
         {"name": "t", "outputSchema": {"type": "object"}}).recommendations)
 
 
-def test_seed_example_under_both_base_token_rules() -> None:
+def test_users_example_under_both_base_token_rules() -> None:
     fields = ["id", "name", "email", "address"]
-    seed = compute_static_profile("users", fields, agent_limit=50, rule="seed")
+    seed = compute_static_profile("users", fields, agent_limit=50, rule="compact")
     assert (seed.max_tokens, seed.risk, seed.base_tokens, seed.bounded) == (1450, "medium", 28, True)
     default = compute_static_profile("users", fields, agent_limit=50)
     assert (default.max_tokens, default.risk, default.base_tokens) == (2200, "medium", 43)
-    assert default.rule == "default" and seed.rule == "seed" and seed.limit == 50
-    assert base_tokens_of([], "seed") == base_tokens_of([], "default") == UNKNOWN_ITEM_TOKENS
+    assert default.rule == "default" and seed.rule == "compact" and seed.limit == 50
+    # "seed" is the compact rule's older name, still accepted.
+    assert compute_static_profile("users", fields, agent_limit=50, rule="seed") == seed
+    assert base_tokens_of([], "compact") == base_tokens_of([], "default") == UNKNOWN_ITEM_TOKENS
     with pytest.raises(ValueError, match="unknown base-token rule 'x'"):
         base_tokens_of(fields, "x")
 
@@ -122,7 +134,9 @@ def test_limit_sources() -> None:
     def out(schema: dict[str, object]) -> str:
         return profile_tool_definition({"name": "t", "outputSchema": schema}).limit_source
 
-    assert out({"type": "object", "properties": {"a": {"type": "string"}}}) == "single object"
+    # A lone free string is the result's content (unbounded); beside another field it is a short value.
+    assert out({"type": "object", "properties": {"a": {"type": "string"}}}) == "none"
+    assert out({"type": "object", "properties": {"a": {"type": "string"}, "n": {"type": "integer"}}}) == "single object"
     assert out({"type": "object", "properties": {"a": {"type": "array", "maxItems": 5}}}) == "maxItems"
     assert out({"type": "object", "properties": {"a": {"type": "array"}}}) == "none"
     capped = profile_tool_definition({"name": "t"}, egress_max_bytes=7000)

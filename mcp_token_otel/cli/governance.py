@@ -14,32 +14,29 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ..config import Config
+from ..core.client_limits import client_limit_warnings
 from ..core.contract import (
-    CHANGE_CLASSES,
     DEFAULT_LOCK_FILE,
-    CheckLimits,
-    Difference,
     LockError,
     ServerProfile,
     build_lock,
-    diff_locks,
-    failing,
     lock_text,
     profile_server,
     validate_lock,
 )
 from ..core.estimators import ESTIMATOR_NAMES, get_estimator
+from ..core.lock_diff import CheckLimits, diff_locks, failing, server_mismatch
 from ..core.measure import Policy
-from ..core.profiles import BASE_RULES
-from ..core.risk import RISK_TIERS, RiskThresholds
+from ..core.profiles import BASE_RULES, canonical_rule
+from ..core.risk import RiskThresholds
+from .governance_render import counts, print_check, print_profile_markdown, print_profile_table, profile_dict
 
 
 class UsageError(ValueError):
@@ -89,6 +86,17 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--markdown", action="store_true", help="Markdown, e.g. for a pull-request comment")
 
 
+def _rule(value: str) -> str:
+    """A base-token rule; ``seed`` is accepted as an older name of ``compact`` and not offered in --help."""
+    try:
+        return canonical_rule(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(BASE_RULES)})") from None
+
+
+_RULE_METAVAR = "{" + ",".join(BASE_RULES) + "}"
+
+
 def register(sub: Any) -> None:
     """Add ``profile``, ``lock`` and ``check`` to the ``mcp-token-otel`` subcommands."""
     prof = sub.add_parser(
@@ -98,8 +106,9 @@ def register(sub: Any) -> None:
     )
     _output_options(prof)
     prof.add_argument("--estimator", choices=ESTIMATOR_NAMES, help="overrides the configured estimator")
-    prof.add_argument("--rule", choices=BASE_RULES, default="default",
-                      help="base tokens of a result item: default, or seed (seed 000's rule; users -> 1450)")
+    prof.add_argument("--rule", type=_rule, default="default", metavar=_RULE_METAVAR,
+                      help="base tokens of a result item: default, or compact (4 characters of a field name per "
+                           "token plus 5 for its value)")
     prof.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
     _target_options(prof, file_help="a tools/list result or response, or - for standard input")
     prof.set_defaults(func=cmd_profile)
@@ -109,7 +118,8 @@ def register(sub: Any) -> None:
     lock.add_argument("-o", "--output", default=DEFAULT_LOCK_FILE,
                       help=f"the lockfile to write (default {DEFAULT_LOCK_FILE}; - for standard output)")
     lock.add_argument("--estimator", choices=ESTIMATOR_NAMES, help="overrides the configured estimator")
-    lock.add_argument("--rule", choices=BASE_RULES, default="default", help="base-token rule (default or seed)")
+    lock.add_argument("--rule", type=_rule, default="default", metavar=_RULE_METAVAR,
+                      help="base-token rule (default or compact)")
     lock.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
     _target_options(lock, file_help="a tools/list result or response, or - for standard input")
     lock.set_defaults(func=cmd_lock)
@@ -165,6 +175,7 @@ def _lists_from_file(source: str) -> dict[str, Any]:
         info = {}
     return {
         "server_name": str(info.get("name", Path(source).name if source != "-" else "stdin")),
+        "named": "name" in info,  # else the file's name stands in, and is no server's name to compare
         "server_version": str(info.get("version", "")),
         "tools": items("tools"),
         "resources": items("resources"),
@@ -212,6 +223,7 @@ def fetch_lists(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(str(exc)) from None
     return {
         "server_name": found.server_name,
+        "named": True,
         "server_version": found.server_version,
         "tools": list(found.tools),
         "resources": list(found.resources),
@@ -249,172 +261,33 @@ def _guard(func: Any) -> Any:
 # --------------------------------------------------------------------------- profile
 
 
-def _fields_text(fields: Sequence[str], width: int = 28) -> str:
-    text = ", ".join(fields) if fields else "-"
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _limit_text(limit: int | None, source: str) -> str:
-    if source == "none":
-        return "none"
-    if source == "egress":
-        return "egress cap"
-    if source == "single object":
-        return "single object"
-    return f"{limit} ({source})"
-
-
-def profile_dict(p: ServerProfile) -> dict[str, Any]:
-    agg = p.aggregate
-    others: dict[str, list[dict[str, Any]]] = {"resources": [], "resource_templates": [], "prompts": []}
-    for item in p.others:
-        others[item.kind].append({"key": item.key, "definition_tokens": item.definition_tokens})
-    return {
-        "server": {"name": p.server_name, "version": p.server_version},
-        "estimator": p.estimator,
-        "rule": p.rule,
-        "overall_risk": agg.overall_risk,
-        "unbounded_tool_names": list(agg.unbounded_tool_names),
-        "critical_tool_names": list(agg.critical_tool_names),
-        "definition_tokens": p.definition_tokens,
-        "tool_definition_tokens": p.tool_definition_tokens,
-        "context_window": p.context_window,
-        "context_share": round(p.context_share, 6),
-        "counts": dict(p.counts),
-        "recommendations": list(agg.recommendations),
-        "tools": [
-            {
-                "name": t.tool_name,
-                "definition_tokens": t.definition_tokens,
-                "risk": t.risk,
-                "bounded": t.bounded,
-                "max_tokens": t.max_tokens,
-                "min_tokens": t.min_tokens,
-                "base_tokens": t.base_tokens,
-                "field_count": t.field_count,
-                "fields": list(t.fields),
-                "limit": t.limit,
-                "limit_source": t.limit_source,
-                "recommendations": list(t.recommendations),
-            }
-            for t in p.tools
-        ],
-        **others,
-    }
-
-
-def _totals_line(p: ServerProfile) -> str:
-    parts = [f"tools {p.tool_definition_tokens:,}"]
-    for kind, label in (("resources", "resources"), ("resource_templates", "resource templates"),
-                        ("prompts", "prompts")):
-        tokens = sum(i.definition_tokens for i in p.others if i.kind == kind)
-        if p.counts.get(kind):
-            parts.append(f"{label} {tokens:,}")
-    return (f"server total: {p.definition_tokens:,} definition tokens ({'; '.join(parts)}), "
-            f"{p.context_share:.1%} of a {p.context_window:,}-token context window")
-
-
-def _ranked_recommendations(p: ServerProfile) -> list[tuple[str, str]]:
-    ranked = sorted(p.tools, key=lambda t: -RISK_TIERS.index(t.risk))
-    return [(t.risk, r) for t in ranked for r in t.recommendations]
-
-
-def _header(p: ServerProfile) -> str:
-    name = f"{p.server_name} {p.server_version}".strip() or "server"
-    counts = ", ".join(f"{p.counts.get(k, 0)} {label}" for k, label in (
-        ("tools", "tools"), ("resources", "resources"), ("resource_templates", "resource templates"),
-        ("prompts", "prompts")))
-    return f"{name} ({counts}); estimator {p.estimator}, rule {p.rule}"
-
-
-def print_profile_table(p: ServerProfile, out: TextIO) -> None:
-    print(f"server: {_plain(_header(p))}", file=out)
-    print(f"  {'tool':<30}{'definition':>11}  {'risk':<9}{'bounded':<8}{'max tokens':>11}{'min':>6}  "
-          f"{'limit':<18}fields", file=out)
-    for t in p.tools:
-        name = _plain(t.tool_name)[:30]
-        print(f"  {name:<30}{t.definition_tokens:>11,}  {t.risk:<9}{'yes' if t.bounded else 'no':<8}"
-              f"{t.max_tokens:>11,}{t.min_tokens:>6,}  {_limit_text(t.limit, t.limit_source):<18}"
-              f"{_fields_text(t.fields)}", file=out)
-    print(_totals_line(p), file=out)
-    agg = p.aggregate
-    line = f"aggregate risk: {agg.overall_risk}"
-    if agg.unbounded_tool_names:
-        line += f"; unbounded: {', '.join(agg.unbounded_tool_names)}"
-    if agg.critical_tool_names:
-        line += f"; critical: {', '.join(agg.critical_tool_names)}"
-    print(_plain(line), file=out)
-    recs = _ranked_recommendations(p)
-    if recs:
-        print("recommendations (critical first):", file=out)
-        for tier, rec in recs:
-            print(f"- [{tier}] {_plain(rec)}", file=out)
-
-
-#: Names, descriptions and versions come from the server: control characters (newlines, terminal escapes)
-#: must not reach a terminal or break a table row.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-#: What would let server-chosen text leave its table cell or add links, images or HTML to a PR comment.
-_MD_SPECIAL = re.compile(r"([\\`<>\[\]|])")
-
-
-def _plain(text: str) -> str:
-    return _CONTROL.sub(" ", text)
-
-
-def _md(text: str) -> str:
-    return _MD_SPECIAL.sub(r"\\\1", _plain(text))
-
-
-def _md_code(text: str) -> str:
-    """``text`` as one inline code span (a fence longer than any backtick run in it; ``|`` escaped for tables)."""
-    text = _plain(text).replace("|", "\\|")
-    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def print_profile_markdown(p: ServerProfile, out: TextIO) -> None:
-    print(f"### MCP token profile: {_md(_header(p))}", file=out)
-    print(file=out)
-    print("| tool | definition tokens | risk | bounded | max tokens | min tokens | limit | fields |", file=out)
-    print("|---|---:|---|---|---:|---:|---|---|", file=out)
-    for t in p.tools:
-        print(f"| {_md_code(t.tool_name)} | {t.definition_tokens:,} | {t.risk} | {'yes' if t.bounded else 'no'} | "
-              f"{t.max_tokens:,} | {t.min_tokens:,} | {_md(_limit_text(t.limit, t.limit_source))} | "
-              f"{_md(', '.join(t.fields)) or '-'} |", file=out)
-    print(file=out)
-    print(f"**{_totals_line(p).capitalize()}.** Aggregate risk: **{p.aggregate.overall_risk}**.", file=out)
-    recs = _ranked_recommendations(p)
-    if recs:
-        print(file=out)
-        print("Recommendations (critical first):", file=out)
-        print(file=out)
-        for tier, rec in recs:
-            print(f"- **{tier}**: {_md(rec)}", file=out)
-
-
 @_guard
 def cmd_profile(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     lists = fetch_lists(args)
     p = _profile(lists, estimator_name=policy.estimator_name, rule=args.rule, thresholds=policy.thresholds,
                  context_window=config.budget.context_window, egress_max_bytes=args.egress_max_bytes)
+    warnings = client_limit_warnings(p.tool_definitions, p.server_name or "server")
     if args.json:
-        json.dump(profile_dict(p), sys.stdout, indent=2, ensure_ascii=False)
+        json.dump(profile_dict(p, warnings), sys.stdout, indent=2, ensure_ascii=False)
         print()
     elif args.markdown:
-        print_profile_markdown(p, sys.stdout)
+        print_profile_markdown(p, warnings, sys.stdout)
     else:
-        print_profile_table(p, sys.stdout)
+        print_profile_table(p, warnings, sys.stdout)
     return 0
 
 
 # --------------------------------------------------------------------------- lock
 
 
+def _locked_name(lists: dict[str, Any]) -> dict[str, Any]:
+    """A lock names the server only when the server named itself (a saved listing may not say)."""
+    return lists if lists.get("named", True) else {**lists, "server_name": ""}
+
+
 @_guard
 def cmd_lock(args: argparse.Namespace, config: Config, policy: Policy) -> int:
-    lists = fetch_lists(args)
+    lists = _locked_name(fetch_lists(args))
     p = _profile(lists, estimator_name=policy.estimator_name, rule=args.rule, thresholds=policy.thresholds,
                  context_window=config.budget.context_window, egress_max_bytes=args.egress_max_bytes)
     text = lock_text(build_lock(p))
@@ -449,18 +322,6 @@ def read_lock(path: str) -> dict[str, Any]:
         raise LockError(f"lockfile {path}: {exc}") from None
 
 
-def _counts(differences: Sequence[Difference]) -> dict[str, int]:
-    return {cls: sum(1 for d in differences if d.cls == cls) for cls in reversed(CHANGE_CLASSES)}
-
-
-def _summary(differences: Sequence[Difference], failed: Sequence[Difference], fail_on: str) -> str:
-    if not differences:
-        return "no differences: the server matches the lock"
-    counts = ", ".join(f"{n} {cls}" for cls, n in _counts(differences).items() if n)
-    verdict = "FAIL" if failed else "pass"
-    return f"{len(differences)} differences ({counts}); {verdict} (--fail-on {fail_on})"
-
-
 @_guard
 def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     try:
@@ -471,43 +332,35 @@ def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     estimator_name = old["estimator"]
     if estimator_name not in ESTIMATOR_NAMES:
         raise LockError(f"lockfile {args.lock}: unknown estimator {estimator_name!r}")
-    if old["rule"] not in BASE_RULES:
-        raise LockError(f"lockfile {args.lock}: unknown rule {old['rule']!r}")
-    lists = fetch_lists(args)
+    try:
+        rule = canonical_rule(old["rule"])
+    except ValueError:
+        raise LockError(f"lockfile {args.lock}: unknown rule {old['rule']!r}") from None
+    lists = _locked_name(fetch_lists(args))
+    mismatch = server_mismatch(old, lists["server_name"])
+    if mismatch is not None:  # two different servers: a diff of them would only be noise
+        raise UsageError(f"{mismatch} (lockfile {args.lock})")
     # Measured exactly as the lock was: its estimator, rule, thresholds, window and egress cap.
     egress = old.get("egress_max_bytes")
     window = old["totals"].get("context_window")
     p = _profile(
-        lists, estimator_name=estimator_name, rule=old["rule"], thresholds=RiskThresholds.coerce(old["thresholds"]),
+        lists, estimator_name=estimator_name, rule=rule, thresholds=RiskThresholds.coerce(old["thresholds"]),
         context_window=window if isinstance(window, int) and window > 0 else config.budget.context_window,
         egress_max_bytes=egress if isinstance(egress, int) and egress > 0 else None,
     )
     differences = diff_locks(old, build_lock(p), limits)
     failed = failing(differences, args.fail_on)
-    if args.json:
-        json.dump({
-            "lock": args.lock,
-            "fail_on": args.fail_on,
-            "failed": bool(failed),
-            "counts": _counts(differences),
-            "definition_tokens": {"lock": old["totals"].get("definition_tokens"), "now": p.definition_tokens},
-            "differences": [d.to_dict() for d in differences],
-        }, sys.stdout, indent=2, ensure_ascii=False)
-        print()
-    elif args.markdown:
-        print(f"### MCP token contract check: {_md(p.server_name or 'server')} against {_md_code(args.lock)}")
-        print()
-        if differences:
-            print("| class | kind | subject | change | detail |")
-            print("|---|---|---|---|---|")
-            for d in differences:
-                print(f"| **{d.cls}** | {d.kind} | {_md_code(d.subject)} | {_md(d.change)} | {_md(d.detail)} |")
-            print()
-        print(_summary(differences, failed, args.fail_on))
-    else:
-        if differences:
-            print(f"  {'class':<10}{'kind':<18}{'subject':<28}{'change':<28}detail")
-            for d in differences:
-                print(f"  {d.cls:<10}{d.kind:<18}{_plain(d.subject)[:27]:<28}{d.change:<28}{_plain(d.detail)}")
-        print(_summary(differences, failed, args.fail_on))
+    warnings = client_limit_warnings(p.tool_definitions, p.server_name or "server")
+    report = {
+        "lock": args.lock,
+        "server": p.server_name,
+        "fail_on": args.fail_on,
+        "failed": bool(failed),
+        "counts": counts(differences),
+        "definition_tokens": {"lock": old["totals"].get("definition_tokens"), "now": p.definition_tokens},
+        "differences": [d.to_dict() for d in differences],
+        "warnings": [w.to_dict() for w in warnings],
+    }
+    print_check(report, differences, warnings, "json" if args.json else "markdown" if args.markdown else "table",
+                sys.stdout)
     return 1 if failed else 0

@@ -1,26 +1,33 @@
 """Static risk profiles: how many tokens a tool *can* return, judged before it is ever called.
 
-A profile bounds a tool's response from what is known about it, in priority order:
+A result is bounded only by something that bounds it:
 
-1. an egress cap in bytes: ``max_tokens = ceil(egress_max_bytes / 3.5)``;
-2. an item limit the agent passes (``limit``, ``maxItems``): ``max_tokens = base_tokens * limit + 50``
-   (50 tokens of envelope around the items);
-3. neither: the tool is unbounded and ``max_tokens = base_tokens * 100`` stands in for "very large".
+* an egress cap in bytes (``max_tokens = ceil(egress_max_bytes / 3.5)``), whatever the schema says;
+* an item limit: ``maxItems`` on an array, or a limit input the caller passes (``limit``, ``max_results``,
+  ``per_page``, ``head``/``tail``, ...) that declares a ``maximum`` and is required or has a default (an
+  optional limit with no default is simply left out by the caller); ``max_length``-like inputs cap characters;
+* ``maxLength`` on a string.
 
-``base_tokens`` is the estimated cost of one item. Two rules (``BASE_RULES``):
+A string that can carry content (no ``maxLength``, ``enum``, ``const`` or ``format``, and a content-like name
+such as ``content``, ``text``, ``body``, ``data``, ``html``, ``stdout``, or the result's only field) and an
+array without a bound are unbounded at any depth; names, ids, dates and enums are short values. Three
+outcomes (``bounded``):
 
-``default``
-    for each field the estimated tokens of ``"name":`` plus a typical short value (``VALUE_TOKENS`` = 8:
-    ids, names, e-mails and dates measure 6 to 10 o200k tokens once quoted and separated), plus the item's
-    braces. Seed 000's worked example (``users``: id, name, email, address; limit 50) gives 2,200, medium.
-``seed``
-    seed 000's rule, for output comparable with it: per field ``ceil(len(name) / 4)`` plus 5 tokens of
-    value (``SEED_VALUE_TOKENS``), plus the braces; the same example gives the seed's 1,450, medium. It
-    undercounts a quoted JSON key (``"email":`` is 3 o200k tokens, not 2) and a typical value (6 to 12):
-    a realistic ``users`` item measures 42 o200k tokens, the default rule says 43, the seed rule 28. Hence
-    not the default.
+``True``
+    a worst case in tokens: one item costs ``base_tokens`` (per field the key plus a typical value, plus the
+    braces; longer for a ``maxLength``), a collection ``items x limit``, plus 50 tokens of envelope.
+``False`` (unbounded)
+    no maximum (``max_tokens`` None); rated ``critical``: nothing stops one call from filling the context.
+``None`` (unknown)
+    no usable outputSchema: the size cannot be judged statically (``max_tokens`` None); rated ``high``, never
+    safer than a declared bound.
 
-An item with no known fields costs ``UNKNOWN_ITEM_TOKENS``. ``min_tokens`` is one item.
+Every profile carries a one-line ``reason`` and at most one recommendation per cause.
+
+Base-token rules (``BASE_RULES``): ``default`` costs a field as the estimated tokens of ``"name":`` plus 8 for a
+typical short value (ids, names, e-mails and dates measure 6 to 10 o200k tokens quoted); ``compact`` as
+``ceil(len(name) / 4)`` plus 5, which undercounts a realistic item (42 o200k tokens; default 43, compact 28).
+``seed`` is accepted as another name for ``compact``.
 """
 
 from __future__ import annotations
@@ -31,40 +38,56 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bounds import (
+    BYTES_PER_TOKEN,
+    LimitInput,
+    ResultWalk,
+    key_tokens,
+    limit_inputs,
+    value_tokens,
+)
 from .estimation import estimate_tokens
 from .payload import Estimator, size_value
 from .risk import RISK_TIERS, RiskThresholds, RiskTier, classify_risk
+from .schemas import properties, resolve
 
-#: Tokens assumed for one field's value when only its name is known.
-VALUE_TOKENS = 8
-#: Tokens assumed for one item whose fields are unknown (no field names, no outputSchema).
+#: Tokens assumed for one item whose fields are unknown.
 UNKNOWN_ITEM_TOKENS = 50
-#: Tokens per field value under the seed rule.
-SEED_VALUE_TOKENS = 5
-#: Base-token rules (see the module docstring).
-BASE_RULES: tuple[str, ...] = ("default", "seed")
-#: Envelope tokens around a bounded list of items.
+#: Base-token rules (see the module docstring), and the older names they are also accepted under.
+BASE_RULES: tuple[str, ...] = ("default", "compact")
+RULE_ALIASES: dict[str, str] = {"seed": "compact"}
+#: Envelope tokens around a result: braces, keys and brackets around its items.
 ENVELOPE_TOKENS = 50
-#: Stand-in item count for a tool with no limit at all.
-UNBOUNDED_ITEMS = 100
-#: Bytes per token used to turn an egress cap into tokens (conservative: dense JSON).
-BYTES_PER_TOKEN = 3.5
 #: More fields than this per item is worth a recommendation.
 MAX_FIELDS = 15
-
-# Field names that usually hold collections: plurals and the common container words.
+# Field names that usually hold collections (for a tool known only by its field names): plurals and the common
+# container words.
 _COLLECTION_NAME = re.compile(
     r"(?i)(items|results|entries|records|rows|list|data|children|messages|files|logs|events|[a-z]{3,}s)$"
 )
 _NOT_COLLECTION = frozenset({"status", "address", "process", "class", "progress", "alias", "success"})
+#: The tier of a tool whose result has no bound, and of one whose result cannot be judged.
+UNBOUNDED_RISK: RiskTier = "critical"
+UNKNOWN_RISK: RiskTier = "high"
+
+
+
+def canonical_rule(rule: str) -> str:
+    """``rule`` under its current name; ValueError for a rule that does not exist."""
+    rule = RULE_ALIASES.get(rule, rule)
+    if rule not in BASE_RULES:
+        raise ValueError(f"unknown base-token rule {rule!r}; valid rules: {', '.join(BASE_RULES)}")
+    return rule
 
 
 @dataclass(frozen=True, slots=True)
 class StaticProfile:
     tool_name: str
     risk: RiskTier
-    bounded: bool
-    max_tokens: int
+    #: True: a worst case is known; False: unbounded; None: unknown (no usable outputSchema).
+    bounded: bool | None
+    #: The worst case in tokens; None when unbounded or unknown.
+    max_tokens: int | None
     min_tokens: int
     base_tokens: int
     field_count: int
@@ -75,11 +98,12 @@ class StaticProfile:
     fields: tuple[str, ...] = ()
     #: The item limit that bounds the result, None when there is none.
     limit: int | None = None
-    #: Where the bound comes from: "egress" (a byte cap), "maxItems", "single object", "agent limit" or
-    #: "none" (unbounded).
+    #: Where the bound comes from: "egress", "maxItems", "single object", "input NAME", "agent limit" or "none".
     limit_source: str = "none"
-    #: The base-token rule used ("default" or "seed").
+    #: The base-token rule used ("default" or "compact").
     rule: str = "default"
+    #: Why, in one line: "unbounded: string field "content" has no maxLength; no limit parameter".
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,25 +114,32 @@ class AggregateProfile:
     critical_tool_names: tuple[str, ...]
     recommendations: tuple[str, ...] = field(default=())
     definition_tokens: int = 0
-
-
-def _collection_fields(field_names: Sequence[str]) -> list[str]:
-    return [
-        name
-        for name in field_names
-        if name.lower() not in _NOT_COLLECTION and _COLLECTION_NAME.search(name) is not None
-    ]
+    unknown_tool_names: tuple[str, ...] = ()
 
 
 def base_tokens_of(field_names: Sequence[str], rule: str = "default") -> int:
     """The estimated tokens of one result item with these fields, under ``rule`` (``BASE_RULES``)."""
-    if rule not in BASE_RULES:
-        raise ValueError(f"unknown base-token rule {rule!r}; valid rules: {', '.join(BASE_RULES)}")
+    rule = canonical_rule(rule)
     if not field_names:
         return UNKNOWN_ITEM_TOKENS
-    if rule == "seed":
-        return 2 + sum(math.ceil(len(n) / 4) + SEED_VALUE_TOKENS for n in field_names)
-    return 2 + sum(estimate_tokens(f'"{n}":') + VALUE_TOKENS for n in field_names)
+    return 2 + sum(key_tokens(n, rule) + value_tokens(rule) for n in field_names)
+
+
+def _risk_of(bounded: bool | None, max_tokens: int | None, thresholds: RiskThresholds | None) -> RiskTier:
+    if bounded is None:
+        return UNKNOWN_RISK
+    return classify_risk(max_tokens, thresholds) if bounded and max_tokens is not None else UNBOUNDED_RISK
+
+
+def _size_recommendations(name: str, risk: RiskTier, max_tokens: int | None, fields: int) -> list[str]:
+    out: list[str] = []
+    if max_tokens is not None and risk in ("high", "critical"):
+        out.append(f"Tool '{name}' can return up to {max_tokens:,} tokens ({risk}): lower its limit or "
+                   "summarise results server-side.")
+    if fields > MAX_FIELDS:
+        out.append(f"Tool '{name}' returns {fields} fields per item (more than {MAX_FIELDS}): project only the "
+                   "fields the agent needs.")
+    return out
 
 
 def compute_static_profile(
@@ -122,67 +153,40 @@ def compute_static_profile(
     definition_tokens: int = 0,
     rule: str = "default",
     limit_source: str | None = None,
-    schema_note: str | None = None,
 ) -> StaticProfile:
-    """Profile a tool from the fields of one result item, its item limit and its egress cap.
-
-    ``limit_source`` names where ``agent_limit`` comes from (default "agent limit"); ``schema_note``, when
-    given, replaces the "no outputSchema" recommendation for a tool whose schema says nothing usable.
-    """
+    """Profile a tool known only by the fields of one result item, its item limit and its egress cap: bounded
+    by the cap (first) or the limit, unbounded without either. ``collection_fields`` names the fields that grow
+    with the data, for the recommendation."""
+    rule = canonical_rule(rule)
     names = [str(n) for n in field_names]
     base = base_tokens_of(names, rule)
     limit = agent_limit if agent_limit is not None and agent_limit > 0 else None
     egress = egress_max_bytes if egress_max_bytes is not None and egress_max_bytes > 0 else None
-    if egress is not None:
-        max_tokens = math.ceil(egress / BYTES_PER_TOKEN)
-    elif limit is not None:
-        max_tokens = base * limit + ENVELOPE_TOKENS
-    else:
-        max_tokens = base * UNBOUNDED_ITEMS
-    bounded = egress is not None or limit is not None
-    risk = classify_risk(max_tokens, thresholds)
-    collections = _collection_fields(names) if collection_fields is None else list(collection_fields)
-
+    max_tokens: int | None = None
     recommendations: list[str] = []
-    if not bounded:
+    if egress is not None:
+        max_tokens, source, reason = math.ceil(egress / BYTES_PER_TOKEN), "egress", f"egress cap of {egress:,} bytes"
+        reason = f"bounded: {reason}"
+    elif limit is not None:
+        max_tokens, source = base * limit + ENVELOPE_TOKENS, limit_source or "agent limit"
+        reason = f"bounded: at most {limit:,} items ({source})"
+    else:
+        source, reason = "none", "unbounded: no item limit and no egress cap"
+        if collection_fields is None:
+            collection_fields = [n for n in names if n.lower() not in _NOT_COLLECTION and _COLLECTION_NAME.search(n)]
+        grow = ", ".join(collection_fields)
         recommendations.append(
-            f"Tool '{tool_name}' has no result limit: add a limit or pagination parameter, or cap its "
-            "egress bytes."
-        )
-    if risk in ("high", "critical"):
-        recommendations.append(
-            f"Tool '{tool_name}' can return up to {max_tokens:,} tokens ({risk}): lower its limit or "
-            "summarise results server-side."
-        )
-    if collections and limit is None:
-        recommendations.append(
-            f"Tool '{tool_name}' returns collection fields without a limit ({', '.join(collections)}): "
-            "bound them (maxItems) or paginate."
-        )
-    if not names:
-        recommendations.append(
-            f"Tool '{tool_name}' declares no result fields ({schema_note or 'no outputSchema'}): its size "
-            "cannot be bounded statically; declare an outputSchema with properties."
-        )
-    if len(names) > MAX_FIELDS:
-        recommendations.append(
-            f"Tool '{tool_name}' returns {len(names)} fields per item (more than {MAX_FIELDS}): project "
-            "only the fields the agent needs."
-        )
+            f"Tool '{tool_name}' has no result limit"
+            + (f": its collection fields without a limit ({grow}) grow with the data" if grow else "")
+            + "; add maxItems, a limit or pagination parameter, or cap its egress bytes.")
+    bounded = max_tokens is not None
+    risk = _risk_of(bounded, max_tokens, thresholds)
+    recommendations += _size_recommendations(tool_name, risk, max_tokens, len(names))
     return StaticProfile(
-        tool_name=tool_name,
-        risk=risk,
-        bounded=bounded,
-        max_tokens=max_tokens,
-        min_tokens=base,
-        base_tokens=base,
-        field_count=len(names),
-        recommendations=tuple(recommendations),
-        definition_tokens=definition_tokens,
-        fields=tuple(names),
-        limit=limit if egress is None else None,
-        limit_source="egress" if egress is not None else (limit_source or "agent limit") if limit else "none",
-        rule=rule,
+        tool_name=tool_name, risk=risk, bounded=bounded, max_tokens=max_tokens, min_tokens=base, base_tokens=base,
+        field_count=len(names), recommendations=tuple(recommendations), definition_tokens=definition_tokens,
+        fields=tuple(names), limit=limit if source not in ("egress", "none") else None, limit_source=source,
+        rule=rule, reason=reason,
     )
 
 
@@ -202,10 +206,70 @@ def _schema_note(schema: Any) -> str | None:
         return "no outputSchema"
     if not isinstance(schema, Mapping):
         return f"outputSchema is not an object ({type(schema).__name__})"
-    props = schema.get("properties")
-    if not isinstance(props, Mapping) or not props:
+    if not properties(schema):
         return "outputSchema declares no properties"
     return None
+
+
+def _item_fields(schema: Any) -> list[str]:
+    """The field names of one result item: of an array property's items, else the top-level properties."""
+    for prop in properties(schema).values():
+        prop = resolve(prop, schema)
+        if isinstance(prop, Mapping) and prop.get("type") == "array":
+            item_props = properties(resolve(prop.get("items"), schema))
+            if item_props:
+                return [str(k) for k in item_props]
+    return [str(k) for k in properties(schema)]
+
+
+_CAUSE_TEXT = {"string": 'string field "{}" has no maxLength', "array": 'array "{}" has no maxItems',
+               "object": 'field "{}" declares no properties', "any": 'field "{}" declares no type'}
+_CAUSE_FIX = {
+    "string": "declare a maxLength, or a limit input (head, max_length) with a maximum and a default",
+    "array": "declare maxItems, or a limit input (limit, per_page) with a maximum and a default",
+    "object": "declare its properties, with bounds (maxItems, maxLength)",
+    "any": "declare its type, with bounds (maxItems, maxLength)",
+}
+
+
+def _gap_groups(limits: Sequence[LimitInput]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for item in limits:
+        if not item.effective:
+            groups.setdefault(item.gap, []).append(f'"{item.name}"')
+    return groups
+
+
+def _input_gaps(limits: Sequence[LimitInput]) -> str:
+    """Why the limit inputs do not bound the result, grouped: '"head" and "tail" are optional without a default'."""
+    if not limits:
+        return "no limit parameter"
+    parts = []
+    for gap, names in _gap_groups(limits).items():
+        if len(names) > 1:
+            gap = gap.replace("has no", "have no").replace("is optional", "are optional")
+        parts.append(f"{' and '.join(names)} {gap}")
+    return "; ".join(parts)
+
+
+_GAP_FIX = {"has no maximum": "a maximum", "has no maximum and no default": "a maximum and a default",
+            "is optional without a default": "a default (or make it required)"}
+
+
+def _unbounded(name: str, walk: ResultWalk, limits: Sequence[LimitInput]) -> tuple[str, list[str]]:
+    """The reason line and one recommendation per cause of an unbounded result."""
+    causes = list(dict.fromkeys(walk.causes))
+    text = [_CAUSE_TEXT[kind].format(path) for kind, path in causes]
+    reason = "; ".join(text[:3]) + (f" (and {len(text) - 3} more)" if len(text) > 3 else "")
+    if walk.top_causes:
+        reason += f"; {_input_gaps(limits)}"
+    recs = [f"Tool '{name}': {_CAUSE_TEXT[kind].format(path)}: {_CAUSE_FIX[kind]}." for kind, path in causes]
+    if walk.top_causes:
+        for gap, names in _gap_groups(limits).items():
+            inputs = f"{' and '.join(names)} input{'s' if len(names) > 1 else ''}"
+            recs.append(f"Tool '{name}': give its {inputs} {_GAP_FIX[gap]}, so that leaving "
+                        f"{'them' if len(names) > 1 else 'it'} out still bounds the result.")
+    return f"unbounded: {reason}", recs
 
 
 def profile_tool_definition(
@@ -216,53 +280,58 @@ def profile_tool_definition(
     estimator: Estimator = estimate_tokens,
     rule: str = "default",
 ) -> StaticProfile:
-    """Profile a real MCP tool definition (an item of a ``tools/list`` result, camelCase).
-
-    Fields come from its ``outputSchema``: the properties of the items of an array property when there
-    is one (the per-item cost), else the top-level properties. The smallest ``maxItems`` among the array
-    properties is the limit; any array without ``maxItems`` leaves the tool unbounded. A tool whose
-    outputSchema is missing, not an object, or declares no properties (``{}``, ``{"type": "object"}``)
-    says nothing about its result: it is unbounded with no known fields, exactly as with none. The
-    definition itself is costed too (:func:`tool_definition_tokens`, with ``estimator``).
-    """
+    """Profile a real MCP tool definition (an item of a ``tools/list`` result, camelCase): bounded, unbounded
+    or unknown with its reason, from its outputSchema, its limit inputs and the egress cap (module docstring).
+    The definition itself is costed too (:func:`tool_definition_tokens`, with ``estimator``)."""
     name = str(tool.get("name", "?"))
+    rule = canonical_rule(rule)
+    definition = tool_definition_tokens(tool, estimator)
     schema = tool.get("outputSchema")
     note = _schema_note(schema)
-    props = schema.get("properties") if note is None and isinstance(schema, Mapping) else None
-    props = props if isinstance(props, Mapping) else {}
-    fields: list[str] = []
-    collections: list[str] = []
-    limits: list[int] = []
-    any_unbounded_array = False
-    for prop_name, prop in props.items():
-        if isinstance(prop, Mapping) and prop.get("type") == "array":
-            collections.append(str(prop_name))
-            max_items = prop.get("maxItems")
-            if isinstance(max_items, int) and not isinstance(max_items, bool) and max_items > 0:
-                limits.append(max_items)
-            else:
-                any_unbounded_array = True
-            items = prop.get("items")
-            item_props = items.get("properties") if isinstance(items, Mapping) else None
-            if isinstance(item_props, Mapping):
-                fields.extend(str(k) for k in item_props)
-    if not fields:
-        fields = [str(k) for k in props]
-    if note is not None or any_unbounded_array:
-        limit = None
+    fields = _item_fields(schema) if note is None else []
+    limits = limit_inputs(tool)
+    effective = [item for item in limits if item.effective]
+    items = min((i for i in effective if i.kind == "items"), key=lambda i: i.maximum or 0, default=None)
+    caps = [(math.ceil((i.maximum or 0) / (BYTES_PER_TOKEN if i.kind == "chars" else 1)), i)
+            for i in effective if i.kind != "items"]
+    cap = min(caps, key=lambda c: c[0], default=None)
+    if egress_max_bytes is not None and egress_max_bytes > 0:
+        return compute_static_profile(name, fields, egress_max_bytes=egress_max_bytes, thresholds=thresholds,
+                                      definition_tokens=definition, rule=rule)
+    walk = ResultWalk(schema, rule)
+    cost = walk.result(schema, items) if note is None and isinstance(schema, Mapping) else None
+    recs: list[str] = []
+    limit, source = None, "none"
+    if cost is not None:
+        max_tokens: int | None = cost + ENVELOPE_TOKENS
+        bounded: bool | None = True
+        counts = [c for c in (properties(schema).get(a, {}).get("maxItems") for a in properties(schema))
+                  if isinstance(c, int) and not isinstance(c, bool)]
+        if items is not None and any(items.name in b for b in walk.bounds):
+            limit, source = items.maximum, f"input {items.name}"
+        elif counts:
+            limit, source = min(counts), "maxItems"
+        else:
+            limit, source = 1, "single object"
+        reason = "bounded: " + ("; ".join(walk.bounds) if walk.bounds else "one object of short values")
+    elif cap is not None:
+        max_tokens, bounded, limit, source = cap[0] + ENVELOPE_TOKENS, True, cap[1].maximum, f"input {cap[1].name}"
+        reason = f'bounded: input "{cap[1].name}" caps the result at {cap[1].maximum:,} {cap[1].kind}'
+    elif note is not None:
+        max_tokens, bounded = None, None
+        reason = f"unknown: {note}"
+        recs.append(f"Tool '{name}' declares no result fields ({note}): its size cannot be judged statically; "
+                    "declare an outputSchema with properties and bounds (maxItems, maxLength).")
     else:
-        limit = min(limits) if limits else 1  # an object with no arrays is a single item
-    return compute_static_profile(
-        name,
-        fields,
-        agent_limit=limit,
-        egress_max_bytes=egress_max_bytes,
-        thresholds=thresholds,
-        collection_fields=collections if limit is None else [],
-        definition_tokens=tool_definition_tokens(tool, estimator),
-        rule=rule,
-        limit_source="maxItems" if limits else "single object",
-        schema_note=note,
+        max_tokens, bounded = None, False
+        reason, recs = _unbounded(name, walk, limits)
+    risk = _risk_of(bounded, max_tokens, thresholds)
+    recs += _size_recommendations(name, risk, max_tokens, len(fields))
+    base = base_tokens_of(fields, rule)
+    return StaticProfile(
+        tool_name=name, risk=risk, bounded=bounded, max_tokens=max_tokens, min_tokens=base, base_tokens=base,
+        field_count=len(fields), recommendations=tuple(dict.fromkeys(recs)), definition_tokens=definition,
+        fields=tuple(fields), limit=limit, limit_source=source, rule=rule, reason=reason,
     )
 
 
@@ -276,8 +345,9 @@ def aggregate_profiles(profiles: Iterable[StaticProfile]) -> AggregateProfile:
     return AggregateProfile(
         overall_risk=overall,
         profiles=items,
-        unbounded_tool_names=tuple(p.tool_name for p in items if not p.bounded),
+        unbounded_tool_names=tuple(p.tool_name for p in items if p.bounded is False),
         critical_tool_names=tuple(p.tool_name for p in items if p.risk == "critical"),
         recommendations=tuple(r for p in ranked for r in p.recommendations),
         definition_tokens=sum(p.definition_tokens for p in items),
+        unknown_tool_names=tuple(p.tool_name for p in items if p.bounded is None),
     )

@@ -1,0 +1,226 @@
+"""What ``profile`` and ``check`` print: a table, Markdown (a pull-request comment) or JSON.
+
+Names, descriptions and versions come from the server: control characters are blanked and Markdown
+specials escaped, so server-chosen text stays in its cell.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from ..core.client_limits import ClientLimitWarning
+from ..core.contract import ServerProfile
+from ..core.lock_diff import CHANGE_CLASSES, Difference
+from ..core.profiles import StaticProfile
+from ..core.risk import RISK_TIERS
+
+#: Control characters (newlines, terminal escapes) must not reach a terminal or break a table row.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: What would let server-chosen text leave its table cell or add links, images or HTML to a PR comment.
+_MD_SPECIAL = re.compile(r"([\\`<>\[\]|])")
+
+
+def plain(text: str) -> str:
+    return _CONTROL.sub(" ", text)
+
+
+def md(text: str) -> str:
+    return _MD_SPECIAL.sub(r"\\\1", plain(text))
+
+
+def md_code(text: str) -> str:
+    """``text`` as one inline code span (a fence longer than any backtick run in it; ``|`` escaped for tables)."""
+    text = plain(text).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _bounded_text(t: StaticProfile) -> str:
+    return "unknown" if t.bounded is None else "yes" if t.bounded else "no"
+
+
+def _max_text(t: StaticProfile) -> str:
+    if t.max_tokens is not None:
+        return f"{t.max_tokens:,}"
+    return "unknown" if t.bounded is None else "unbounded"
+
+
+def _limit_text(limit: int | None, source: str) -> str:
+    if source in ("none", "single object"):
+        return source
+    if source == "egress":
+        return "egress cap"
+    return f"{limit:,} ({source})" if limit is not None else source
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning]) -> dict[str, Any]:
+    agg = p.aggregate
+    others: dict[str, list[dict[str, Any]]] = {"resources": [], "resource_templates": [], "prompts": []}
+    for item in p.others:
+        others[item.kind].append({"key": item.key, "definition_tokens": item.definition_tokens})
+    return {
+        "server": {"name": p.server_name, "version": p.server_version},
+        "estimator": p.estimator,
+        "rule": p.rule,
+        "overall_risk": agg.overall_risk,
+        "unbounded_tool_names": list(agg.unbounded_tool_names),
+        "unknown_tool_names": list(agg.unknown_tool_names),
+        "critical_tool_names": list(agg.critical_tool_names),
+        "definition_tokens": p.definition_tokens,
+        "tool_definition_tokens": p.tool_definition_tokens,
+        "context_window": p.context_window,
+        "context_share": round(p.context_share, 6),
+        "counts": dict(p.counts),
+        "warnings": [w.to_dict() for w in warnings],
+        "recommendations": list(agg.recommendations),
+        "tools": [
+            {
+                "name": t.tool_name, "definition_tokens": t.definition_tokens, "risk": t.risk, "bounded": t.bounded,
+                "max_tokens": t.max_tokens, "min_tokens": t.min_tokens, "base_tokens": t.base_tokens,
+                "field_count": t.field_count, "fields": list(t.fields), "limit": t.limit,
+                "limit_source": t.limit_source, "reason": t.reason, "recommendations": list(t.recommendations),
+            }
+            for t in p.tools
+        ],
+        **others,
+    }
+
+
+def _totals_line(p: ServerProfile) -> str:
+    parts = [f"tools {p.tool_definition_tokens:,}"]
+    for kind, label in (("resources", "resources"), ("resource_templates", "resource templates"),
+                        ("prompts", "prompts")):
+        tokens = sum(i.definition_tokens for i in p.others if i.kind == kind)
+        if p.counts.get(kind):
+            parts.append(f"{label} {tokens:,}")
+    return (f"server total: {p.definition_tokens:,} definition tokens ({'; '.join(parts)}), "
+            f"{p.context_share:.1%} of a {p.context_window:,}-token context window")
+
+
+def _ranked_recommendations(p: ServerProfile) -> list[tuple[str, str]]:
+    ranked = sorted(p.tools, key=lambda t: -RISK_TIERS.index(t.risk))
+    return [(t.risk, r) for t in ranked for r in t.recommendations]
+
+
+def _header(p: ServerProfile) -> str:
+    name = f"{p.server_name} {p.server_version}".strip() or "server"
+    counts = ", ".join(f"{p.counts.get(k, 0)} {label}" for k, label in (
+        ("tools", "tools"), ("resources", "resources"), ("resource_templates", "resource templates"),
+        ("prompts", "prompts")))
+    return f"{name} ({counts}); estimator {p.estimator}, rule {p.rule}"
+
+
+def warning_lines(warnings: Sequence[ClientLimitWarning]) -> list[str]:
+    return [f"warning: {plain(w.subject)}: {w.message}" for w in warnings]
+
+
+def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:
+    print(f"server: {plain(_header(p))}", file=out)
+    width = max([4, *(len(plain(t.tool_name)) for t in p.tools)]) + 2
+    limits = [_limit_text(t.limit, t.limit_source) for t in p.tools]
+    limit_width = max([5, *(len(text) for text in limits)]) + 2
+    print(f"  {'tool':<{width}}{'definition':>10}  {'risk':<10}{'bounded':<9}{'max tokens':>10}  "
+          f"{'limit':<{limit_width}}reason", file=out)
+    for t, limit in zip(p.tools, limits, strict=True):
+        print(f"  {plain(t.tool_name):<{width}}{t.definition_tokens:>10,}  {t.risk:<10}{_bounded_text(t):<9}"
+              f"{_max_text(t):>10}  {limit:<{limit_width}}{plain(t.reason)}", file=out)
+    print(_totals_line(p), file=out)
+    agg = p.aggregate
+    line = f"aggregate risk: {agg.overall_risk}"
+    for label, names in (("unbounded", agg.unbounded_tool_names), ("unknown", agg.unknown_tool_names),
+                         ("critical", agg.critical_tool_names)):
+        if names:
+            line += f"; {label}: {', '.join(names)}"
+    print(plain(line), file=out)
+    for text in warning_lines(warnings):
+        print(text, file=out)
+    recs = _ranked_recommendations(p)
+    if recs:
+        print("recommendations (critical first):", file=out)
+        for tier, rec in recs:
+            print(f"- [{tier}] {plain(rec)}", file=out)
+
+
+def print_profile_markdown(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:
+    print(f"### MCP token profile: {md(_header(p))}", file=out)
+    print(file=out)
+    print("| tool | definition tokens | risk | bounded | max tokens | limit | reason |", file=out)
+    print("|---|---:|---|---|---:|---|---|", file=out)
+    for t in p.tools:
+        print(f"| {md_code(t.tool_name)} | {t.definition_tokens:,} | {t.risk} | {_bounded_text(t)} | "
+              f"{_max_text(t)} | {md(_limit_text(t.limit, t.limit_source))} | {md(t.reason)} |", file=out)
+    print(file=out)
+    print(f"**{_totals_line(p).capitalize()}.** Aggregate risk: **{p.aggregate.overall_risk}**.", file=out)
+    _markdown_warnings(warnings, out)
+    recs = _ranked_recommendations(p)
+    if recs:
+        print(file=out)
+        print("Recommendations (critical first):", file=out)
+        print(file=out)
+        for tier, rec in recs:
+            print(f"- **{tier}**: {md(rec)}", file=out)
+
+
+def _markdown_warnings(warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:
+    if warnings:
+        print(file=out)
+        print("Client limits:", file=out)
+        print(file=out)
+        for w in warnings:
+            print(f"- **warning** {md_code(w.subject)}: {md(w.message)}", file=out)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def counts(differences: Sequence[Difference]) -> dict[str, int]:
+    return {cls: sum(1 for d in differences if d.cls == cls) for cls in reversed(CHANGE_CLASSES)}
+
+
+def summary(differences: Sequence[Difference], failed: Sequence[Difference], fail_on: str) -> str:
+    if not differences:
+        return "no differences: the server matches the lock"
+    found = ", ".join(f"{n} {cls}" for cls, n in counts(differences).items() if n)
+    verdict = "FAIL" if failed else "pass"
+    return f"{len(differences)} differences ({found}); {verdict} (--fail-on {fail_on})"
+
+
+def print_check(report: dict[str, Any], differences: Sequence[Difference], warnings: Sequence[ClientLimitWarning],
+                fmt: str, out: TextIO) -> None:
+    """``report`` is the JSON form (lock, fail_on, failed, counts, definition_tokens, differences, warnings)."""
+    failed = [d for d in differences if CHANGE_CLASSES.index(d.cls) >= CHANGE_CLASSES.index(report["fail_on"].upper())]
+    if fmt == "json":
+        json.dump(report, out, indent=2, ensure_ascii=False)
+        print(file=out)
+        return
+    if fmt == "markdown":
+        print(f"### MCP token contract check: {md(report['server'] or 'server')} against {md_code(report['lock'])}",
+              file=out)
+        print(file=out)
+        if differences:
+            print("| class | kind | subject | change | detail |", file=out)
+            print("|---|---|---|---|---|", file=out)
+            for d in differences:
+                print(f"| **{d.cls}** | {d.kind} | {md_code(d.subject)} | {md(d.change)} | {md(d.detail)} |", file=out)
+        _markdown_warnings(warnings, out)
+        if differences or warnings:
+            print(file=out)
+        print(summary(differences, failed, report["fail_on"]), file=out)
+        return
+    if differences:
+        subject = max([7, *(len(plain(d.subject)) for d in differences)]) + 2
+        change = max([6, *(len(d.change) for d in differences)]) + 2
+        print(f"  {'class':<10}{'kind':<18}{'subject':<{subject}}{'change':<{change}}detail", file=out)
+        for d in differences:
+            print(f"  {d.cls:<10}{d.kind:<18}{plain(d.subject):<{subject}}{d.change:<{change}}{plain(d.detail)}",
+                  file=out)
+    for text in warning_lines(warnings):
+        print(text, file=out)
+    print(summary(differences, failed, report["fail_on"]), file=out)
