@@ -105,7 +105,9 @@ class _Injected:
     def take(self, meta: Any) -> tuple[dict[str, str], bool] | None:
         """The entry whose keys ``meta`` carries unchanged, removed from the record; else None."""
         extra = getattr(meta, "__pydantic_extra__", None)
-        value = extra.get("traceparent") if isinstance(extra, dict) else None
+        if not isinstance(extra, dict):
+            return None
+        value = extra.get("traceparent")
         if not isinstance(value, str):
             return None
         with self._lock:
@@ -621,7 +623,9 @@ class V1Shim:
         params = getattr(getattr(responder, "request", None), "root", None)
         params = getattr(params, "params", None)
         meta = getattr(params, "meta", None)
-        entry = self._injected.take(meta) if meta is not None else None
+        if params is None or meta is None:
+            return
+        entry = self._injected.take(meta)
         if entry is None:
             return
         carrier, meta_was_absent = entry
@@ -731,9 +735,9 @@ class V1Shim:
     async def _handle_request(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         message = argument(args, kwargs, 0, "message")
         state = getattr(message, _MARK, None)
-        refusal = state.refusal if self.active and isinstance(state, _InboundState) else None
-        if refusal is None:
+        if not self.active or not isinstance(state, _InboundState) or state.refusal is None:
             return await wrapped(*args, **kwargs)
+        refusal = state.refusal
         # A guard refused this tools/call: answer with its tool error result; the handler never runs.
         state.refusal = None
         state.refused = True
