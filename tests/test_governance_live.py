@@ -101,8 +101,11 @@ def test_profile_the_projects_stdio_server() -> None:
     assert data["server"]["name"] == "stdio-test"
     assert [t["name"] for t in data["tools"]] == ["big", "boom"]
     big = data["tools"][0]
-    # MCPServer wraps a str result as {"result": string}: one object, bounded.
-    assert big["bounded"] and big["fields"] == ["result"] and big["limit_source"] == "single object"
+    # MCPServer wraps a str result as {"result": string}: the result's only field, a string with no maxLength:
+    # unbounded (it carries whatever the tool returns), with its reason.
+    assert big["bounded"] is False and big["fields"] == ["result"] and big["limit_source"] == "none"
+    assert big["risk"] == "critical" and big["max_tokens"] is None
+    assert big["reason"] == 'unbounded: string field "result" has no maxLength; no limit parameter'
     assert big["definition_tokens"] > 20 and data["definition_tokens"] == data["tool_definition_tokens"]
 
 
@@ -131,8 +134,9 @@ def test_profile_mcp_server_git_markdown() -> None:
     text = out.stdout
     assert text.startswith("### MCP token profile: mcp-git ")
     assert "| `git_status` |" in text and "|---|---:|" in text
-    # No git tool declares an outputSchema: every one is unbounded and high, recommendations follow.
+    # No git tool declares an outputSchema: every one is unknown (rated high), recommendations follow.
     assert "Aggregate risk: **high**" in text and "- **high**: Tool 'git_log'" in text
+    assert "| high | unknown | unknown |" in text and "unknown: no outputSchema" in text
 
 
 @pytest.mark.slow
@@ -150,6 +154,7 @@ def test_profile_everything_over_stdio_and_http_agree(everything_url: str) -> No
     tools = {t["name"]: t for t in over_stdio["tools"]}
     assert tools["get-structured-content"]["bounded"] and tools["get-structured-content"]["risk"] == "low"
     assert not tools["echo"]["bounded"] and tools["echo"]["risk"] == "high"
+    assert tools["echo"]["bounded"] is None and tools["echo"]["max_tokens"] is None  # no outputSchema: unknown
     # Recommendations: tier order, critical first.
     tiers = ["critical", "high", "medium", "low"]
     ranks = [min(tiers.index(t["risk"]) for t in over_stdio["tools"] if f"'{t['name']}'" in r)
@@ -164,6 +169,7 @@ def test_seed_rule_reproduces_the_seed_example(tmp_path: Path) -> None:
     path = tmp_path / "users.json"
     path.write_text(json.dumps(users))
     seed = profile_json("--rule", "seed", str(path))["tools"][0]
+    assert profile_json("--rule", "compact", str(path))["tools"][0] == seed
     default = profile_json(str(path))["tools"][0]
     assert (seed["max_tokens"], seed["risk"], seed["limit"], seed["limit_source"]) == (1450, "medium", 50, "maxItems")
     assert (default["max_tokens"], default["risk"]) == (2200, "medium")
