@@ -219,8 +219,8 @@ def print_check(report: dict[str, Any], differences: Sequence[Difference], warni
         change = max([6, *(len(d.change) for d in differences)]) + 2
         print(f"  {'class':<10}{'kind':<18}{'subject':<{subject}}{'change':<{change}}detail", file=out)
         for d in differences:
-            print(f"  {d.cls:<10}{d.kind:<18}{plain(d.subject):<{subject}}{d.change:<{change}}{plain(d.detail)}",
-                  file=out)
+            row = f"  {d.cls:<10}{d.kind:<18}{plain(d.subject):<{subject}}{d.change:<{change}}{plain(d.detail)}"
+            print(row.rstrip(), file=out)
     for text in warning_lines(warnings):
         print(text, file=out)
     print(summary(differences, failed, report["fail_on"]), file=out)
