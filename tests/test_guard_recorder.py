@@ -87,7 +87,7 @@ def prose(chars: int) -> str:
 
 
 def guard_labels(policy: str, action: str, enforced: str, tool: str = "t", side: str = "server") -> dict[str, str]:
-    return {"side": side, "server": "", "policy": policy, "action": action, "enforced": enforced, "tool": tool}
+    return {"side": side, "server": "_unknown", "policy": policy, "action": action, "enforced": enforced, "tool": tool}
 
 
 def test_off_by_default_returns_the_result_itself(harness_factory: Any) -> None:
@@ -116,10 +116,11 @@ def test_cost_without_guard_uses_the_measurement(harness_factory: Any) -> None:
     expected = m.total_tokens * 2.0 / 1_000_000
     (s,) = h.spans()
     assert s.attributes["mcp_token.cost_usd"] == pytest.approx(expected)
-    assert h.value("mcp_token_cost_usd_total", side="server", server="", tool="t") == pytest.approx(expected)
+    assert h.value("mcp_token_cost_usd_total", side="server", server="_unknown", tool="t") == pytest.approx(expected)
     (point,) = h.otel("mcp_token.cost")
     assert point.value == pytest.approx(expected)
-    assert dict(point.attributes) == {"mcp_token.side": "server", "gen_ai.tool.name": "t"}
+    assert dict(point.attributes) == {"mcp_token.side": "server", "mcp_token.server.name": "_unknown",
+                                     "gen_ai.tool.name": "t"}
 
 
 def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
@@ -152,7 +153,8 @@ def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
     assert h.value("mcp_token_guard_actions_total", **guard_labels("session_limit", "refused", "true")) == 1
     points = h.otel("mcp_token.guard.actions")
     assert [(dict(p.attributes), p.value) for p in points] == [(
-        {"mcp_token.side": "server", "mcp_token.guard.policy": "session_limit", "mcp_token.guard.action": "refused",
+        {"mcp_token.side": "server", "mcp_token.server.name": "_unknown", "mcp_token.guard.policy": "session_limit",
+         "mcp_token.guard.action": "refused",
          "mcp_token.guard.enforced": True, "gen_ai.tool.name": "t"}, 1)]
 
 
@@ -174,7 +176,7 @@ def test_response_cap_delivers_the_cut_and_budgets_what_entered(harness_factory:
     (event,) = [e for e in s.events if e.name == "mcp_token.guard"]
     assert event.attributes["mcp_token.guard.cap"] == 100
     assert h.value("mcp_token_guard_actions_total", **guard_labels("response_cap", "truncated", "true")) == 1
-    assert h.value("mcp_token_cost_usd_total", side="server", server="", tool="t") == pytest.approx(
+    assert h.value("mcp_token_cost_usd_total", side="server", server="_unknown", tool="t") == pytest.approx(
         entered * 5.0 / 1_000_000)
 
 
@@ -254,7 +256,7 @@ def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: p
     assert delivered is result and m is not None
     assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
     assert h.rec.error_counts["guard"] == 2
-    assert h.value("mcp_token_instrumentation_errors_total", stage="guard", server="") == 2
+    assert h.value("mcp_token_instrumentation_errors_total", stage="guard", server="_unknown") == 2
     (s,) = h.spans()
     assert s.attributes["mcp_token.output_tokens"] == m.total_tokens
 
@@ -279,7 +281,7 @@ def test_exposition_and_promtool(harness_factory: Any) -> None:
                                                        "server": "srv"}) == 1
     assert h.value("mcp_token_guard_actions_total",
                    **guard_labels("annotate_meta", "annotated", "true", tool="", side="client")) == 1
-    assert h.value("mcp_token_cost_usd_total", side="client", server="", tool="") > 0
+    assert h.value("mcp_token_cost_usd_total", side="client", server="_unknown", tool="") > 0
     fast = h.prom.exposition()
 
     def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:

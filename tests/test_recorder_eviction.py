@@ -95,5 +95,5 @@ def test_an_evicted_initialize_still_records_its_held_request() -> None:
     recorder.record_input(None, "client", "initialize", {"protocolVersion": "2025-06-18"}, "c1")
     assert ("client", "initialize", "input", "") not in calls.messages
     recorder.record_input(None, "client", "initialize", {"protocolVersion": "2025-06-18"}, "c2")
-    assert ("client", "initialize", "input", "") in calls.messages  # recorded when c1 went, not lost
-    assert calls.evicted == [("client", "")]
+    assert ("client", "initialize", "input", "_unknown") in calls.messages  # recorded when c1 went, not lost
+    assert calls.evicted == [("client", "_unknown")]

@@ -117,7 +117,7 @@ class SessionRegistry:
         if max_sessions < 1:
             raise ValueError(f"budget.max_sessions: expected a positive integer, got {max_sessions!r}")
         if idle_timeout <= 0:
-            raise ValueError(f"budget.idle_timeout_seconds: expected a positive number, got {idle_timeout!r}")
+            raise ValueError(f"budget.idle_timeout: expected a positive number, got {idle_timeout!r}")
         self._ratios = (context_window, warning_ratio, exhaustion_ratio)
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 
+#: The ``server`` label when no name is known yet (a fault at start-up, a client before its server named itself):
+#: never empty, so a dashboard's ``server=~".+"`` keeps the series; an underscore, like the overflow value.
+UNKNOWN_SERVER = "_unknown"
 #: Distinct method names kept as a metric label; a peer can send arbitrary methods.
 MAX_METHODS = 64
 #: Methods of the MCP specification: always metric labels (other methods need a successful response first).

@@ -30,6 +30,7 @@ from prometheus_client.samples import Exemplar, Sample
 
 from ..catalog import BY_NAME, OVERFLOW_VALUE, Family, prometheus_families
 from ..core.budget import BUDGET_STATES
+from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 from . import prometheus_text as text
@@ -232,7 +233,8 @@ class PrometheusMetrics:
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
         self.counts["mcp_token_instrumentation_errors"].touch(("estimate", server))
-        for side in ("client", "server", "proxy") if server else ():  # an unknown name gets its real one later
+        named = server and server != UNKNOWN_SERVER  # an unknown name gets its real one later
+        for side in ("client", "server", "proxy") if named else ():
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:

@@ -25,7 +25,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 from ..config import Config, build_policy
 from ..core.budget_key import KeyFacts, KeySource, choose_budget_key, parse_key_sources
 from ..core.guard import GuardAction, GuardEngine
-from ..core.labels import NameLimiter
+from ..core.labels import UNKNOWN_SERVER, NameLimiter
 from ..core.measure import Measurement, Policy, measure_error, measure_request, measure_result
 from ..emitters.deferred import DeferredSink
 from ..emitters.otel_metrics import OtelMetricsSink
@@ -229,7 +229,7 @@ class TokenRecorder:
         label = self._labels.server(meta, server)
         if session_id is None and budgeted:
             self._fanout.unbudgeted(side, label, measurement.total_tokens)
-        if not label and method in _NAMING and side != "server" and meta is not None:
+        if label == UNKNOWN_SERVER and method in _NAMING and side != "server" and meta is not None:
             # The server's name arrives with this request's result: its metrics are recorded then, with it.
             meta.pending = (side, method, measurement.tool_name, "input", measurement, update)
         else:

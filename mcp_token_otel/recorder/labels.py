@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..config import MetricsConfig
-from ..core.labels import MAX_METHODS, SPEC_METHODS, NameLimiter
+from ..core.labels import MAX_METHODS, SPEC_METHODS, UNKNOWN_SERVER, NameLimiter
 from ..core.payload import Estimator
 
 if TYPE_CHECKING:
@@ -56,21 +56,21 @@ class LabelBounds:
         """The bounded ``server`` label: config override, then the adapter's, the proxy's --name, the session's."""
         name = self.override or server or self.default_server or (meta.server if meta is not None else None)
         if not name:
-            return ""
+            return UNKNOWN_SERVER
         try:
-            return self.server_names(name) or ""
+            return self.server_names(name) or UNKNOWN_SERVER
         except Exception:
             self._fault("metrics")
-            return ""
+            return UNKNOWN_SERVER
 
     def fault_server(self) -> str:
         """The label a fault carries (it has no session): like :meth:`server` but never reports a fault, since
         its own faults would come back here."""
         try:
             name = self.override or self.default_server
-            return (self.server_names(name) or "") if name else ""
+            return (self.server_names(name) or UNKNOWN_SERVER) if name else UNKNOWN_SERVER
         except Exception:
-            return ""
+            return UNKNOWN_SERVER
 
     def tool_definitions(self, result: Any, estimator: Estimator) -> tuple[int, dict[str, int]] | None:
         """What a tools/list result's definitions cost in context, in all and per tool. The declared names become

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from ..config import BudgetConfig
 from ..core.budget import BUDGET_STATES, BudgetUpdate, SessionBudget, SessionRegistry
+from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement
 from ..semconv import A_TRANSPORT
 
@@ -202,7 +203,8 @@ class SessionLedger:
         out: dict[tuple[str, str], dict[str, int]] = {key: _zeros() for key in self._server_pairs}
         labels: dict[str | None, str] = {None: default}  # a session's label depends only on its meta.server
         for side, sessions in live.items():
-            out.setdefault((side, default), _zeros())
+            if default != UNKNOWN_SERVER:  # a configured name shows its sides at 0; a placeholder only when used
+                out.setdefault((side, default), _zeros())
             metas = self._meta[side]
             for session_id, state in sessions:
                 meta = metas.get(session_id)

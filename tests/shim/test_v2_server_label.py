@@ -82,7 +82,8 @@ def test_live_sessions_per_server_and_the_client_initialize_with_its_server(otel
         for server in ("alpha", "beta"):
             assert value(found, "mcp_token_sessions", side=side, server=server, state="ok") == 1
             assert value(found, "mcp_token_sessions", side=side, server=server, state="exhausted") == 0
-        assert value(found, "mcp_token_sessions", side=side, server="", state="ok") == 0  # none unnamed
+        # no session is unnamed: no placeholder row, and never an empty server
+        assert not [lab for lab, _ in found["mcp_token_sessions"] if lab["server"] in ("", "_unknown")]
     # The client's initialize request is recorded with the server its result named, never with server="".
     for server in ("alpha", "beta"):
         assert value(found, "mcp_token_tokens_total", side="client", server=server, method="initialize",
@@ -141,8 +142,8 @@ def _raising_estimator(text: str) -> int:
     raise RuntimeError("estimator down")
 
 
-def test_faults_without_a_configured_name_carry_the_proxy_name_or_nothing(otel: Otel) -> None:
-    for name, expected in ((None, ""), ("px", "px")):
+def test_faults_without_a_configured_name_carry_the_proxy_name_or_the_placeholder(otel: Otel) -> None:
+    for name, expected in ((None, "_unknown"), ("px", "px")):
         recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider, server_name=name)
         sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
         recorder.add_sink(sink, inline=True)
@@ -180,7 +181,8 @@ def test_a_failed_initialize_is_recorded_with_its_error(otel: Otel) -> None:
                            session_id="conn-2")
     found = scrape(sink)
     # one request and its error, each counted once (requests have no histogram by default: their counter)
-    assert value(found, "mcp_token_tokens_total", side="client", server="", method="initialize", direction="input") > 0
-    assert value(found, "mcp_token_message_tokens_count", side="client", server="", method="initialize",
+    assert value(found, "mcp_token_tokens_total", side="client", server="_unknown", method="initialize",
+                 direction="input") > 0
+    assert value(found, "mcp_token_message_tokens_count", side="client", server="_unknown", method="initialize",
                  direction="output") == 1
     recorder.close()
