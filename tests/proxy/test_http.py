@@ -70,17 +70,17 @@ def _dump(result: Any) -> Any:
     return result.model_dump(mode="json", exclude_none=True)
 
 
-async def _sampling(_ctx: Any, _params: Any) -> Any:
+async def _sampling(context: Any, params: Any) -> Any:  # names as in the SDK's SamplingFnT
     from mcp.types import CreateMessageResult, TextContent
 
     return CreateMessageResult(role="assistant", content=TextContent(type="text", text="sampled!"), model="m")
 
 
 async def _everything_session(url: str) -> list[Any]:
-    progress: list[float] = []
+    seen: list[float] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append(value)
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
 
     with anyio.fail_after(60):
         async with Client(url, mode="legacy", sampling_callback=_sampling) as client:
@@ -94,7 +94,7 @@ async def _everything_session(url: str) -> list[Any]:
             long = await client.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3},
                                           progress_callback=on_progress)
             out.append(_dump(long))
-            out.append(progress)
+            out.append(seen)
             return out
 
 
