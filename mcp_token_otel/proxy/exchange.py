@@ -278,12 +278,14 @@ class Exchange:
             if tracker is not None and session_id is None and new_session:
                 new_id = new_session.decode("latin-1")
                 measurer.set_tracker(tracker, session_key=new_id, session_id=new_id)  # joins the session
+                if self.relay.adopt(new_id, tracker):  # and goes on as it: the session ends once, at its end
+                    self.session_id = new_id
             if self.up is not None:  # measured after the session is known: the request's span carries it
                 measurer.finish(self.up)
                 self.up = None
             response_started = True
             reusable, completed = await self._respond(response, uwire)
-            if session_id is not None and (request.method == b"DELETE" or response.status == 404):
+            if session_id is not None and response.status == 404:
                 self.relay.end_session(session_id)  # gone upstream: its budget closes
             return completed and self.keep
         except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
@@ -304,6 +306,8 @@ class Exchange:
                 else:
                     conn[1].close()
             self._unmeasured(False)
+            if session_id is not None and request.method == b"DELETE":
+                self.relay.end_session(session_id)  # the client ended it, whatever the upstream answered (502)
 
     async def _send(self, head: bytes, body: bytes | None, source: Any) -> tuple[Conn, Head, Wire]:
         """Send the request upstream and read the response head (1xx answers are skipped, not relayed)."""

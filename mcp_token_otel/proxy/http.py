@@ -163,6 +163,16 @@ class Relay:
             self.sessions.move_to_end(session_id)
         return tracker
 
+    def adopt(self, session_id: str, tracker: Any) -> bool:
+        """The tracker of the exchange whose response created this session (``initialize``) becomes the
+        session's: the initialize counts toward it and the session ends once. False: the id is taken."""
+        if session_id in self.sessions:
+            return False
+        self.sessions[session_id] = tracker
+        if len(self.sessions) > MAX_SESSIONS:
+            self.telemetry.measurer.close_tracker(self.sessions.popitem(last=False)[1])
+        return True
+
     def end_session(self, session_id: str) -> None:
         tracker = self.sessions.pop(session_id, None)
         if tracker is not None:
