@@ -57,6 +57,14 @@ BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 8))
 #: The label value that series past a family's series cap fold into (see emitters/aggregate.py).
 OVERFLOW_VALUE = "_other"
 
+#: This project's attributes of the context-cost families (the others come from semconv).
+M_DEFINITION_PART = "mcp_token.definition.part"
+M_WASTE_KIND = "mcp_token.waste.kind"
+#: The parts of a tool definition the split definition gauge shows; they add up to the definitions' total.
+DEFINITION_PARTS: tuple[str, ...] = ("description", "schema", "other")
+#: The kinds of wasted output tokens.
+WASTE_KINDS: tuple[str, ...] = ("repeated", "duplicated")
+
 #: A Prometheus label's OpenTelemetry attribute (a family may override them: Family.otel_attributes).
 LABEL_ATTRIBUTES: dict[str, str] = {
     "side": M_SIDE,
@@ -75,6 +83,8 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "transport": A_TRANSPORT,
     "protocol": A_PROTOCOL,
     "family": M_FAMILY,
+    "part": M_DEFINITION_PART,
+    "kind": M_WASTE_KIND,
 }
 
 
@@ -157,6 +167,30 @@ FAMILIES: tuple[Family, ...] = (
            "Estimated tokens of one tool's definition (tools within the tool-name bound).",
            ("server", "tool"), otel_name="mcp_token.tool_definition.tokens", otel_unit="{token}",
            multiprocess_mode="max"),
+    Family("mcp_token_tool_definitions_part_tokens", "gauge", "tokens",
+           "Estimated tokens of a server's tool definitions (its last tools/list result) by part: description "
+           "(the descriptions), schema (inputSchema and outputSchema), other (names and JSON framing); the parts "
+           "add up to mcp_token_tool_definitions_tokens.",
+           ("server", "part"), otel_name="mcp_token.tool_definitions.part.tokens", otel_unit="{token}",
+           multiprocess_mode="max"),
+    Family("mcp_token_tool_static_max_tokens", "gauge", "tokens",
+           "The worst case of a tool's result judged from its tools/list definition (its static profile); only "
+           "tools whose result something bounds (tools within the tool-name bound).",
+           ("server", "tool"), otel_name="mcp_token.tool.static_max.tokens", otel_unit="{token}",
+           multiprocess_mode="max"),
+    Family("mcp_token_prompt_cache_invalidations", "counter", "changes",
+           "tools/list results whose tools (content or order) differ from the previous one in the same session or "
+           "conversation (budget.key): each invalidates the model's prompt cache from the tool definitions on.",
+           _SESSION, otel_name="mcp_token.prompt_cache.invalidations", otel_unit="{change}"),
+    Family("mcp_token_prompt_cache_resent_tokens", "counter", "tokens",
+           "Estimated definition tokens sent again uncached after a tools/list change (the new list's "
+           "definitions; the conversation after them is re-read too and is not counted).",
+           _SESSION, otel_name="mcp_token.prompt_cache.resent.tokens", otel_unit="{token}"),
+    Family("mcp_token_wasted_tokens", "counter", "tokens",
+           "Estimated output tokens that add nothing new: kind=repeated (the same tool with the same arguments "
+           "again within metrics.repeat_window in one session or conversation), kind=duplicated "
+           "(structuredContent that repeats the text content: what a client that forwards both pays).",
+           ("side", "server", "tool", "kind"), otel_name="mcp_token.wasted.tokens", otel_unit="{token}"),
     Family("mcp_token_instrumentation_errors", "counter", "errors",
            "Faults caught inside the instrumentation; the MCP call itself went on.",
            ("stage", "server"), otel_name="mcp_token.instrumentation.errors", otel_unit="{error}"),

@@ -122,6 +122,9 @@ class MetricsConfig:
     server_name: str = ""
     #: Distinct server names kept as labels; later names share the overflow value.
     max_server_names: int = field(default=20, metadata=_POSITIVE_INT)
+    #: Seconds within which the same tool called with the same arguments in one session (or conversation)
+    #: counts its output tokens as ``repeated`` waste; 0 turns the check off (no argument digest at all).
+    repeat_window: float = field(default=60.0, metadata=_check("a number of seconds >= 0", lambda v: v >= 0))
 
 
 @dataclass(frozen=True)

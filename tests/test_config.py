@@ -173,8 +173,8 @@ def test_set_up_variables_are_not_configuration_keys() -> None:
 
 
 def test_readme_configuration_table_lists_every_key() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme[readme.index("## Configuration"):readme.index("## Estimators")]
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    table = doc[doc.index("## Every key"):]
     missing = [f"{'.'.join(path)} ({name})" for name, path in env_keys().items()
                if f"| `{'.'.join(path)}` |" not in table or f"`{name}`" not in table]
     assert not missing, f"README configuration table lacks: {missing}"
@@ -223,3 +223,12 @@ def test_bad_budget_key_names_the_entry(key: object, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         config_from_dict({"budget": {"key": key}})
     assert message in str(info.value)
+
+
+def test_repeat_window_defaults_to_a_minute_and_zero_turns_it_off() -> None:
+    assert Config().metrics.repeat_window == 60.0
+    config = load_config(env={"MCP_TOKEN_OTEL_METRICS_REPEAT_WINDOW": "0"})
+    assert config.metrics.repeat_window == 0
+    assert config_from_dict({"metrics": {"repeat_window": 15}}).metrics.repeat_window == 15
+    with pytest.raises(ConfigError, match=r"config key 'metrics.repeat_window': expected a number of seconds >= 0"):
+        config_from_dict({"metrics": {"repeat_window": -1}})

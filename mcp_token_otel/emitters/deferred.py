@@ -112,6 +112,15 @@ class DeferredSink:
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
         self._enqueue(self._sink.record_tool_definitions, (server, total, per_tool))
 
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        self._enqueue(self._sink.record_tool_profiles, (server, parts, static_max))
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        self._enqueue(self._sink.record_prompt_cache_invalidation, (side, server, resent_tokens))
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        self._enqueue(self._sink.record_wasted, (side, server, tool, kind, tokens))
+
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
     ) -> None:

@@ -77,6 +77,9 @@ class OtelMetricsSink:
         self._rate_budgets = dict(rate_budgets or {})
         self._definitions: dict[str, int] = {}
         self._tool_definitions: dict[tuple[str, str], int] = {}
+        #: (server, part) and (server, tool) of the last tools/list results: swapped whole, like the above.
+        self._parts: dict[tuple[str, str], int] = {}
+        self._static_max: dict[tuple[str, str], int] = {}
         self._call_attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._keys: dict[tuple[Any, ...], Pairs] = {}
@@ -88,6 +91,8 @@ class OtelMetricsSink:
             "mcp_token.output_rate_budget": self._observe_budgets,
             "mcp_token.tool_definitions.tokens": self._observe_definitions,
             "mcp_token.tool_definition.tokens": self._observe_tool_definitions,
+            "mcp_token.tool_definitions.part.tokens": self._observe_parts,
+            "mcp_token.tool.static_max.tokens": self._observe_static_max,
             "mcp_token.series.overflow": self._observe_overflow,
         }
         lock = threading.Lock()
@@ -171,6 +176,16 @@ class OtelMetricsSink:
         for (server, tool), value in list(self._tool_definitions.items()):
             yield metrics.Observation(value, dict(pairs(family, (server, tool))))
 
+    def _observe_parts(self, _options: Any) -> Iterator[metrics.Observation]:
+        family = BY_OTEL_NAME["mcp_token.tool_definitions.part.tokens"]
+        for key, value in list(self._parts.items()):
+            yield metrics.Observation(value, dict(pairs(family, key)))
+
+    def _observe_static_max(self, _options: Any) -> Iterator[metrics.Observation]:
+        family = BY_OTEL_NAME["mcp_token.tool.static_max.tokens"]
+        for key, value in list(self._static_max.items()):
+            yield metrics.Observation(value, dict(pairs(family, key)))
+
     def _message_attrs(
         self, side: str, method: str, tool: str | None, direction: str, server: str
     ) -> dict[str, Any]:
@@ -233,6 +248,19 @@ class OtelMetricsSink:
         tools = {k: v for k, v in self._tool_definitions.items() if k[0] != server}
         tools.update(((server, tool), tokens) for tool, tokens in per_tool.items())
         self._tool_definitions = tools  # swapped whole: a collection reads one consistent set
+
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        self._parts = {**{k: v for k, v in self._parts.items() if k[0] != server},
+                       **{(server, part): tokens for part, tokens in parts.items()}}
+        self._static_max = {**{k: v for k, v in self._static_max.items() if k[0] != server},
+                            **{(server, tool): tokens for tool, tokens in static_max.items()}}
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        self._add("mcp_token.prompt_cache.invalidations", (side, server))
+        self._add("mcp_token.prompt_cache.resent.tokens", (side, server), resent_tokens)
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        self._add("mcp_token.wasted.tokens", (side, server, tool, kind), tokens)
 
     def record_error(self, stage: str, server: str) -> None:
         self._add("mcp_token.instrumentation.errors", (stage, server))

@@ -201,6 +201,8 @@ class PrometheusMetrics:
         self.readers: dict[str, Callable[[], PlainRows]] = {
             "mcp_token_tool_definitions_tokens": self._definition_rows,
             "mcp_token_tool_definition_tokens": self._tool_definition_rows,
+            "mcp_token_tool_definitions_part_tokens": self._part_rows,
+            "mcp_token_tool_static_max_tokens": self._static_max_rows,
             "mcp_token_series_overflow": self._overflow_rows,
             "mcp_token_output_rate_budget_tokens_per_second": self._budget_rows,
             "mcp_token_sessions": self._session_rows,
@@ -225,8 +227,12 @@ class PrometheusMetrics:
         self._responses = self.counts["mcp_token_responses"]
         self._transitions = self.counts["mcp_token_session_transitions"]
         self._unbudgeted = self.counts["mcp_token_unbudgeted_tokens"]
+        self._invalidations = self.counts["mcp_token_prompt_cache_invalidations"]
+        self._resent = self.counts["mcp_token_prompt_cache_resent_tokens"]
         #: server -> (total tokens, {tool: tokens}) of its last tools/list result.
         self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
+        #: server -> ({part: tokens}, {tool: static maximum}) of the same result.
+        self._profiles: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
         self._known_outputs: set[tuple[str, str, str, str | None]] = set()
         self._known_servers: set[tuple[str, str]] = set()
         self.registry.register(_AggregateCollector(self, created_series))
@@ -238,12 +244,14 @@ class PrometheusMetrics:
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:
-        """A side's first message for a server: its transition and unbudgeted series start at 0 (alerts take
-        increase() and rate() of them)."""
+        """A side's first message for a server: its transition, unbudgeted and prompt-cache series start at 0
+        (alerts and dashboards take increase() and rate() of them)."""
         self._known_servers.add((side, server))
         for state in ("warning", "exhausted"):
             self._transitions.touch((side, server, state))
         self._unbudgeted.touch((side, server))
+        self._invalidations.touch((side, server))
+        self._resent.touch((side, server))
 
     # ------------------------------------------------------------------ families read at scrape time
 
@@ -253,6 +261,14 @@ class PrometheusMetrics:
     def _tool_definition_rows(self) -> PlainRows:
         return [((label_value(server), label_value(tool)), tokens)
                 for server, (_, tools) in sorted(self._definitions.items()) for tool, tokens in sorted(tools.items())]
+
+    def _part_rows(self) -> PlainRows:
+        return [((label_value(server), part), tokens)
+                for server, (parts, _) in sorted(self._profiles.items()) for part, tokens in parts.items()]
+
+    def _static_max_rows(self) -> PlainRows:
+        return [((label_value(server), label_value(tool)), tokens)
+                for server, (_, tools) in sorted(self._profiles.items()) for tool, tokens in sorted(tools.items())]
 
     def _overflow_rows(self) -> PlainRows:
         capped = {**self.hists, **self.counts}
@@ -363,6 +379,25 @@ class PrometheusMetrics:
             self._files.record_tool_definitions(server, total, per_tool)
         else:
             self._definitions[server] = (total, dict(per_tool))
+
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        if self._files is not None:
+            self._files.record_tool_profiles(server, parts, static_max)
+        else:
+            self._profiles[server] = (dict(parts), dict(static_max))
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        if self._files is not None:
+            self._files.record_prompt_cache_invalidation(side, server, resent_tokens)
+        else:
+            self._invalidations.add((side, server))
+            self._resent.add((side, server), resent_tokens)
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        if self._files is not None:
+            self._files.record_wasted(side, server, tool, kind, tokens)
+        else:
+            self.counts["mcp_token_wasted_tokens"].add((side, server, tool or "", kind), tokens)
 
     def record_error(self, stage: str, server: str) -> None:
         if self._files is not None:

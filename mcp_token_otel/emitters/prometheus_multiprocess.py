@@ -83,11 +83,13 @@ class SharedFileFamilies:
             self._touch_server(side, server)
 
     def _touch_server(self, side: str, server: str) -> None:
-        """A side's transition and unbudgeted series at 0 from its first message (alerts take increase() and
-        rate() of them)."""
+        """A side's transition, unbudgeted and prompt-cache series at 0 from its first message (alerts and
+        dashboards take increase() and rate() of them)."""
         for state in ("warning", "exhausted"):
             self.m["mcp_token_session_transitions"].labels(side, server, state)
-        self.m["mcp_token_unbudgeted_tokens"].labels(side, server)
+        for name in ("mcp_token_unbudgeted_tokens", "mcp_token_prompt_cache_invalidations",
+                     "mcp_token_prompt_cache_resent_tokens"):
+            self.m[name].labels(side, server)
 
     def _children(self, side: str, server: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
         """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
@@ -170,6 +172,19 @@ class SharedFileFamilies:
         self.m["mcp_token_tool_definitions_tokens"].labels(label_value(server)).set(total)
         for tool, tokens in per_tool.items():
             self.m["mcp_token_tool_definition_tokens"].labels(label_value(server), label_value(tool)).set(tokens)
+
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        for part, tokens in parts.items():
+            self.m["mcp_token_tool_definitions_part_tokens"].labels(label_value(server), part).set(tokens)
+        for tool, tokens in static_max.items():
+            self.m["mcp_token_tool_static_max_tokens"].labels(label_value(server), label_value(tool)).set(tokens)
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        self.m["mcp_token_prompt_cache_invalidations"].labels(side, label_value(server)).inc()
+        self.m["mcp_token_prompt_cache_resent_tokens"].labels(side, label_value(server)).inc(resent_tokens)
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        self.m["mcp_token_wasted_tokens"].labels(*label_values((side, server, tool, kind))).inc(tokens)
 
     def guard_series(self, key: tuple[str, ...]) -> Any:
         """The guard-action series of (side, server, policy, action, enforced, tool)."""

@@ -64,6 +64,16 @@ class MetricsSink(Protocol):
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
         """What a tools/list result's definitions cost in context, in all and per tool."""
 
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        """The same tools/list result: its definitions' tokens per part (description, schema, other) and the
+        static worst case of each tool whose result something bounds."""
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        """A session's tools/list changed (content or order): the definition tokens sent again uncached."""
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        """Output tokens that add nothing new (kind ``repeated`` or ``duplicated``)."""
+
     def record_guard_action(
         self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
     ) -> None:
@@ -103,6 +113,15 @@ class BaseSink:
         return None
 
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
+        return None
+
+    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        return None
+
+    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        return None
+
+    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
         return None
 
     def record_guard_action(

@@ -31,6 +31,7 @@ from ..emitters.deferred import DeferredSink
 from ..emitters.otel_metrics import OtelMetricsSink
 from ..emitters.sink import CallInfo, MetricsSink
 from ..semconv import SCHEMA_URL, SCOPE_NAME
+from .context_costs import ContextCosts, ToolList, tool_list
 from .fanout import SinkFanout
 from .guarding import GuardOrchestrator, is_refusal
 from .labels import LabelBounds, server_info_name
@@ -77,6 +78,7 @@ class TokenRecorder:
         #: without reading anything else of the message.
         self.session_first = bool(self.key_sources) and self.key_sources[0].kind == "session"
         self._ledger = SessionLedger(budget, self._fanout.fault, self._session_ended, self._meta_evicted)
+        self._costs = ContextCosts(self.config.metrics.repeat_window, self._fanout, self.fault)
         self._guards = GuardOrchestrator(
             self.config.guard, self.policy, budget.max_sessions, (self._ledger, self._labels, self._fanout)
         )
@@ -229,6 +231,8 @@ class TokenRecorder:
         label = self._labels.server(meta, server)
         if session_id is None and budgeted:
             self._fanout.unbudgeted(side, label, measurement.total_tokens)
+        if method == "tools/call" and meta is not None and self._costs.window:
+            self._costs.call(meta, measurement.tool_name, params)
         if label == UNKNOWN_SERVER and method in _NAMING and side != "server" and meta is not None:
             # The server's name arrives with this request's result: its metrics are recorded then, with it.
             meta.pending = (side, method, measurement.tool_name, "input", measurement, update)
@@ -334,7 +338,11 @@ class TokenRecorder:
                 call.transport, call.protocol = meta.transport, meta.protocol
         self._fanout.message(r.side, r.method, r.tool_name, "output", m, update, server, call)
         if definitions is not None:
-            self._fanout.tool_definitions(server, *definitions)
+            self._fanout.tool_definitions(server, definitions.total, definitions.per_tool)
+            self._fanout.tool_profiles(server, definitions.parts, definitions.static_max)
+            self._costs.tool_list(meta, r.side, server, definitions)
+        elif r.method == "tools/call" and r.error is None:
+            self._costs.output(meta, r.side, server, m, tokens)
         if actions or cost is not None:
             self._guards.signals(r.span, r.side, actions, (r.tool_name, cost) if cost is not None else None, server)
         return m, deliver
@@ -347,10 +355,10 @@ class TokenRecorder:
         except Exception:
             self.fault("metrics")
 
-    def _tool_definitions(self, result: Any) -> tuple[int, dict[str, int]] | None:
+    def _tool_definitions(self, result: Any) -> ToolList | None:
         """The tools a tools/list result declares and what their definitions cost in context."""
         try:
-            return self._labels.tool_definitions(result, self.policy.estimator)
+            return tool_list(result, self.policy.estimator, self._labels.tool_names)
         except Exception:
             self.fault("metrics")
             return None

@@ -124,6 +124,33 @@ class SinkFanout:
             except Exception:
                 self.fault("metrics")
 
+    def tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
+        for sink in self.sinks:
+            try:
+                sink.record_tool_profiles(server, parts, static_max)
+            except Exception:
+                self.fault("metrics")
+
+    def prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
+        for sink in self.sinks:
+            try:
+                sink.record_prompt_cache_invalidation(side, server, resent_tokens)
+            except Exception:
+                self.fault("metrics")
+
+    def wasted(self, side: str, server: str, tool_name: str | None, kind: str, tokens: int) -> None:
+        """Wasted output tokens of a tool, under its bounded label (admitted by the response just recorded)."""
+        try:
+            tool = self._labels.tool_names(tool_name, False)
+        except Exception:
+            self.fault("metrics")
+            return
+        for sink in self.sinks:
+            try:
+                sink.record_wasted(side, server, tool, kind, tokens)
+            except Exception:
+                self.fault("metrics")
+
     def guard_action(self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None) -> None:
         for sink in self.sinks:
             try:

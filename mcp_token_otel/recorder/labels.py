@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import MetricsConfig
 from ..core.labels import MAX_METHODS, SPEC_METHODS, UNKNOWN_SERVER, NameLimiter
-from ..core.payload import Estimator
 
 if TYPE_CHECKING:
     from .ledger import SessionMeta
@@ -71,26 +70,3 @@ class LabelBounds:
             return (self.server_names(name) or UNKNOWN_SERVER) if name else UNKNOWN_SERVER
         except Exception:
             return UNKNOWN_SERVER
-
-    def tool_definitions(self, result: Any, estimator: Estimator) -> tuple[int, dict[str, int]] | None:
-        """What a tools/list result's definitions cost in context, in all and per tool. The declared names become
-        labels before their first call; per-tool figures only for names within the bound."""
-        tools = result.get("tools") if isinstance(result, Mapping) else None
-        if not isinstance(tools, list):
-            return None
-        from ..core.profiles import tool_definition_tokens
-
-        total = 0
-        per_tool: dict[str, int] = {}
-        overflow = self.tool_names.overflow
-        for tool in tools:
-            if not isinstance(tool, Mapping):
-                continue
-            tokens = tool_definition_tokens(tool, estimator)
-            total += tokens
-            name = tool.get("name")
-            if isinstance(name, str):
-                label = self.tool_names(name)
-                if label is not None and label != overflow:
-                    per_tool[label] = tokens
-        return total, per_tool

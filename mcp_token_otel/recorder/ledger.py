@@ -38,9 +38,11 @@ def _zeros() -> dict[str, int]:
 
 
 class SessionMeta:
-    """What the recorder keeps per live session for its metrics: when it began and which server it is."""
+    """What the recorder keeps per live session for its metrics: when it began, which server it is, and the
+    little its context costs need (see context_costs.py), all of it let go of with the session."""
 
-    __slots__ = ("pending", "protocol", "server", "started", "transport")
+    __slots__ = ("pending", "protocol", "recent", "repeats", "server", "started", "tools_digest", "tools_paged",
+                 "transport")
 
     def __init__(self, server: str | None, transport: str | None) -> None:
         self.started = time.monotonic()
@@ -49,6 +51,12 @@ class SessionMeta:
         self.protocol: str | None = None
         #: A client's initialize request, recorded once its result names the server (see record_input).
         self.pending: Held | None = None
+        #: Digest of the last tools/list's tools (prompt-cache churn), and whether more pages of it follow.
+        self.tools_digest: int | None = None
+        self.tools_paged = False
+        #: Digests of recent tools/call (tool, arguments) -> when last called; tools with a repeat in flight.
+        self.recent: dict[int, float] | None = None
+        self.repeats: dict[str, int] | None = None
 
 
 class SessionLedger:

@@ -42,6 +42,7 @@ from ..semconv import (
     EVENT_RISK,
 )
 from .bounded_json import truncate
+from .context_costs import ToolList
 from .response import Response
 
 #: The GenAI conventions' content-capture switch, honoured beside ``spans.capture_content``.
@@ -201,7 +202,7 @@ class SpanAnnotator:
         r: Response,
         m: Measurement,
         update: BudgetUpdate | None,
-        definitions: tuple[int, dict[str, int]] | None,
+        definitions: ToolList | None,
         cost: float | None,
         call: CallInfo,
     ) -> None:
@@ -227,7 +228,7 @@ class SpanAnnotator:
                 if m.error_type != "tool_error":
                     attrs[A_STATUS_CODE] = m.error_type
             if definitions is not None:
-                attrs[A_TOOL_DEFINITION_TOKENS] = definitions[0]
+                attrs[A_TOOL_DEFINITION_TOKENS] = definitions.total
             if cost is not None:
                 attrs[A_COST_USD] = cost
             if self.capture and m.method == "tools/call" and r.result is not None:

@@ -1,0 +1,165 @@
+"""Context costs beyond each message's own tokens: what a tools/list result is made of, the prompt-cache churn of
+a session's tool list, and output tokens that add nothing new.
+
+* A tools/list result: its definitions' tokens in all, per tool, per part (description, schema, other), and the
+  static worst case of each tool whose result something bounds (core/profiles' static profile).
+* Prompt-cache churn: a model caches the prompt up to the first byte that changes; the tool definitions come
+  first, so a tools/list whose tools (content or order) differ from the session's previous one makes the model
+  read the definitions, and everything after them, again. Counted per change, with the new list's tokens.
+* Wasted tokens: a tools/call with the same tool and arguments as one within ``metrics.repeat_window`` seconds
+  in the same session or conversation (its output is ``repeated``), and a structuredContent that repeats the
+  text content (``duplicated``: the overhead core/measure.py already found; nothing is measured twice).
+
+Per-session state lives on the session's :class:`~.ledger.SessionMeta` and ends with it: one digest of the last
+tool list, and a small dict of recent call digests (at most ``MAX_RECENT``, pruned by age then oldest first).
+The call path costs one JSON dump and one hash per tools/call request, nothing when the window is 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..catalog import DEFINITION_PARTS
+from ..core.labels import NameLimiter
+from ..core.measure import Measurement
+from ..core.payload import Estimator, size_value
+from ..core.profiles import TOOL_CONTEXT_KEYS, profile_tool_definition, tool_definition_tokens
+from .fanout import SinkFanout
+
+if TYPE_CHECKING:
+    from .ledger import SessionMeta
+
+#: Recent call digests kept per session, and tools with a repeated call awaiting its response.
+MAX_RECENT = 32
+_SCHEMA_KEYS = ("inputSchema", "outputSchema")
+
+
+@dataclass(slots=True)
+class ToolList:
+    """What one tools/list result declares and costs in context."""
+
+    total: int
+    #: Per tool (names within the tool-name bound).
+    per_tool: dict[str, int]
+    #: Per part of DEFINITION_PARTS, adding up to ``total``.
+    parts: dict[str, int]
+    #: The static worst case of each bounded tool (names within the bound).
+    static_max: dict[str, int]
+    #: The tools as they enter the context, content and order (a hash: compared within a process only).
+    digest: int
+    #: The result has a nextCursor: more pages follow.
+    paged: bool
+
+
+def _tool_costs(tool: Mapping[str, Any], estimator: Estimator) -> tuple[int, int, int, int | None]:
+    """(definition tokens, description tokens, schema tokens, static maximum or None) of one definition."""
+    try:
+        profile = profile_tool_definition(tool, estimator=estimator)
+        tokens, worst = profile.definition_tokens, profile.max_tokens if profile.bounded else None
+    except Exception:  # an odd schema the profiler cannot read: the cost still counts, with no maximum
+        tokens, worst = tool_definition_tokens(tool, estimator), None
+    description = tool.get("description")
+    described = size_value(description, estimator).tokens if isinstance(description, str) else 0
+    schemas = {k: tool[k] for k in _SCHEMA_KEYS if k in tool}
+    return tokens, described, size_value(schemas, estimator).tokens if schemas else 0, worst
+
+
+def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> ToolList | None:
+    """Analyse a tools/list result (wire dict); None when it carries no ``tools`` list. The declared names become
+    labels before their first call; per-tool figures only for names within the bound."""
+    tools = result.get("tools") if isinstance(result, Mapping) else None
+    if not isinstance(tools, list):
+        return None
+    total = described = schema = 0
+    per_tool: dict[str, int] = {}
+    static_max: dict[str, int] = {}
+    seen: list[dict[str, Any]] = []
+    overflow = tool_names.overflow
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        tokens, description, schemas, worst = _tool_costs(tool, estimator)
+        total, described, schema = total + tokens, described + description, schema + schemas
+        seen.append({k: tool[k] for k in TOOL_CONTEXT_KEYS if k in tool})
+        name = tool.get("name")
+        if isinstance(name, str):
+            label = tool_names(name)
+            if label is not None and label != overflow:
+                per_tool[label] = tokens
+                if worst is not None:
+                    static_max[label] = worst
+    other = max(0, total - described - schema)  # parts are estimated apart: never a negative remainder
+    parts = dict(zip(DEFINITION_PARTS, (described, schema, other), strict=True))
+    digest = hash(json.dumps(seen, sort_keys=True, separators=(",", ":"), default=str))
+    return ToolList(total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
+
+
+class ContextCosts:
+    """Prompt-cache churn and wasted tokens per session, reported through the sink fan-out."""
+
+    def __init__(self, repeat_window: float, fanout: SinkFanout, fault: Any) -> None:
+        self.window = repeat_window
+        self._fanout = fanout
+        self._fault = fault
+
+    def call(self, meta: SessionMeta, tool: str | None, params: Any) -> None:
+        """A tools/call request: one digest of its tool and arguments; a repeat within the window is noted for
+        its response."""
+        if tool is None or not isinstance(params, Mapping):
+            return
+        try:
+            digest = hash((tool, json.dumps(params.get("arguments"), sort_keys=True, default=str)))
+        except Exception:  # arguments JSON cannot hold (a circular structure): not compared
+            self._fault("metrics")
+            return
+        now = time.monotonic()
+        recent = meta.recent
+        if recent is None:
+            recent = meta.recent = {}
+        last = recent.pop(digest, None)  # re-inserted below: the dict's order is the calls' order
+        if len(recent) >= MAX_RECENT:
+            _prune(recent, now - self.window)
+        recent[digest] = now
+        if last is not None and now - last <= self.window:
+            repeats = meta.repeats
+            if repeats is None:
+                repeats = meta.repeats = {}
+            if tool in repeats or len(repeats) < MAX_RECENT:
+                repeats[tool] = repeats.get(tool, 0) + 1
+
+    def output(self, meta: SessionMeta | None, side: str, server: str, m: Measurement, tokens: int) -> None:
+        """A tools/call result that entered the context with ``tokens``: its repeated and duplicated tokens."""
+        tool = m.tool_name
+        repeats = meta.repeats if meta is not None else None
+        if repeats and tool in repeats:
+            left = repeats.pop(tool) - 1
+            if left:
+                repeats[tool] = left
+            self._fanout.wasted(side, server, tool, "repeated", tokens)
+        if len(m.blocks) > 1:
+            for block in m.blocks:
+                if block.type == "structuredContent" and block.overhead_tokens:  # a duplicate is all overhead
+                    self._fanout.wasted(side, server, tool, "duplicated", min(block.overhead_tokens, tokens))
+
+    def tool_list(self, meta: SessionMeta | None, side: str, server: str, listed: ToolList) -> None:
+        """A tools/list result in a session: a change against the session's previous list is counted. Only a
+        first page is compared (a page after one with a nextCursor continues the same listing)."""
+        if meta is None:
+            return
+        continuation, meta.tools_paged = meta.tools_paged, listed.paged
+        if continuation:
+            return
+        previous, meta.tools_digest = meta.tools_digest, listed.digest
+        if previous is not None and previous != listed.digest:
+            self._fanout.prompt_cache_invalidation(side, server, listed.total)
+
+
+def _prune(recent: dict[int, float], oldest: float) -> None:
+    """Drop digests older than ``oldest``; if none is, the oldest one (the dict is in call order)."""
+    stale = [digest for digest, at in recent.items() if at < oldest]
+    for digest in stale or [next(iter(recent))]:
+        del recent[digest]
