@@ -137,7 +137,7 @@ class MessageStream:
                 out.append(rest)
             else:
                 self._line(rest, out)
-        if self.framing == SSE and self._data:
+        if self.framing == SSE and any(self._data):
             out.append(b"\n".join(self._data))
         self._parts.clear()
         self._data.clear()
@@ -160,11 +160,12 @@ class MessageStream:
             if line.strip():
                 out.append(line)
             return
-        # SSE: data lines accumulate until a blank line ends the event; other fields are not messages.
+        # SSE: data lines accumulate until a blank line ends the event; other fields are not messages, nor is
+        # an event whose data is empty (a priming event: an id to resume from, no message).
         if not line:
-            if self._data:
+            if any(self._data):
                 out.append(b"\n".join(self._data))
-                self._data.clear()
+            self._data.clear()
         elif line.startswith(b"data:"):
             value = line[5:]
             self._data.append(value[1:] if value.startswith(b" ") else value)
