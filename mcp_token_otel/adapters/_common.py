@@ -95,12 +95,15 @@ def extract_parent(meta: Any) -> Any:
     return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
 
 
-def global_tracing() -> bool:
-    """Whether the application set a global tracer provider. Only then do the SDK's own spans (2.x) carry a
-    valid context onto the wire; a shim span made current changes which span is the parent, never whether
-    trace context is sent."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+def makes_spans(tracer: Any) -> bool:
+    """Whether ``tracer`` (an SDK's own) starts spans of its own. Each such span, sampled or not, has a valid
+    context that the SDK injects into a request's ``_meta``, so a shim span made current changes only which span
+    is the parent. A no-op tracer starts none (no provider was ever set, or a library or test fixture put one in
+    place while a global provider is set): the SDK then injects the application's current context, and a shim
+    span made current would reach the wire."""
+    if isinstance(tracer, trace.ProxyTracer):
+        tracer = tracer._tracer  # what it delegates to now: the global provider's tracer, or a no-op one
+    return tracer is not None and not isinstance(tracer, trace.NoOpTracer)
 
 
 def wire_dict(model: Any) -> Any:

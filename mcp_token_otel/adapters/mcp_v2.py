@@ -11,11 +11,12 @@ Client: ``ClientSession.__init__`` is wrapped to put the session's dispatcher be
 ``jsonrpc_dispatcher.otel_span`` is swapped for a version that opens that same span with the SDK's own
 tracer and hands it to the request being measured, which enriches it and ends it once the response is
 measured. Only where the SDK makes no span (``DirectDispatcher``, in process) or its span does not record
-(no global tracer provider) does the shim open its own CLIENT span.
+(a no-op tracer, or a sampler that drops it) does the shim open its own CLIENT span.
 
-Transparency: the shim never adds trace context to a request. Its own spans are made current only under
-global tracing (then the SDK's own spans already put a ``traceparent`` on every JSON-RPC request, so only the
-parent changes); otherwise they parent one another through a private context variable.
+Transparency: the shim never adds trace context to a request. Its own spans are made current only while the
+SDK's own tracer makes spans (then the SDK already puts a ``traceparent`` of its own span on every JSON-RPC
+request, so only the parent changes); otherwise, a global tracer provider set or not, they parent one another
+through a private context variable.
 
 Session ids: the server uses ``Connection.session_id`` (stateful streamable HTTP), else a uuid4 per
 Connection; the client uses a uuid4 per ClientSession as its budget key and reports the HTTP
@@ -59,9 +60,9 @@ from ._common import (
     deliver,
     detach,
     extract_parent,
-    global_tracing,
     installed,
     is_mcp_span,
+    makes_spans,
     wire_dict,
 )
 from .budget_keys import ClientFacts, ServerFacts, with_conversation_baggage
@@ -122,7 +123,7 @@ def _deeper(params: Any) -> Any:
 
 def _parent_context(meta: Any = None) -> Any:
     """Where a shim span hangs: the trace context in ``_meta``, else the ambient one, else (no valid ambient
-    span: the shim's spans are not current without global tracing) the shim's own enclosing span."""
+    span: the shim's spans are not current while the SDK's tracer is a no-op) the shim's own enclosing span."""
     parent = extract_parent(meta)
     if parent is not None:
         return parent
@@ -133,12 +134,13 @@ def _parent_context(meta: Any = None) -> Any:
 
 
 def _activate(span: Span | None) -> tuple[Any, Any]:
-    """Make a shim span the parent of what follows in this task. Current (the OTel context) only under global
-    tracing, where the SDK's own spans already carry trace context onto the wire; else privately, so that
-    nothing the application's configuration would not send reaches the wire or a handler."""
+    """Make a shim span the parent of what follows in this task. Current (the OTel context) only while the SDK's
+    own tracer makes spans: then the SDK already puts a ``traceparent`` of its own span on every JSON-RPC request,
+    and only the parent changes. Else privately: the SDK injects whatever context is current, so a current shim
+    span would add to ``_meta`` what the application never sees without the shim."""
     if span is None:
         return None, None
-    if global_tracing():
+    if makes_spans(getattr(sdk_otel, "_tracer", None)):
         return trace.context_api.attach(trace.set_span_in_context(span)), None
     return None, _SHIM_PARENT.set(span)
 
@@ -233,7 +235,7 @@ class OutboundCall:
             elif self._outer is not None:
                 self.span = self._outer
             else:
-                # No SDK span, or one that does not record (no global provider): ours, never injected.
+                # No SDK span, or one that does not record (a no-op or dropping tracer): ours, never injected.
                 name = span_name(self.method, self.params)
                 self.own = self.span = rec.start_span(name, SpanKind.CLIENT, self.attrs, context=_parent_context())
                 if activate:
