@@ -37,11 +37,24 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--inject-trace-context", action="store_true",
                    help="write the proxy span's W3C traceparent into params._meta of requests that carry none, "
                         "so the server's spans become its children (off: messages are never rewritten)")
+    p.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="stdio: after the client closes its input, how long the server has to answer the calls "
+                        "in flight and exit before it is stopped (default 30)")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="proxy log level on stderr (default warning)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                    help="stdio mode: the server command")
     p.set_defaults(func=run, estimator=None)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {value!r}")
+    return seconds
 
 
 def _fail(message: str) -> int:
@@ -50,7 +63,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
-    from ..proxy.telemetry import StartupError
+    from ..proxy.startup import StartupError
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(message)s")
     # The relay threads (stdio: two copiers and the queue's writer) hand the GIL over every 200 us when they
@@ -79,7 +92,7 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
 
     name = args.name or default_name(command)
     _check_metrics_port(args, config)
-    proxy = StdioProxy(command, name=name, inject=args.inject_trace_context)
+    proxy = StdioProxy(command, name=name, inject=args.inject_trace_context, shutdown_grace=args.shutdown_grace)
     proxy.start()  # the server boots while the measuring process starts
     try:
         telemetry = _telemetry(args, config, name)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .http1 import DATA, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError
 from .jsonrpc import BODY, C2S, S2C, SSE
-from .transport import Channel
+from .transport import Channel, http_origin
 
 if TYPE_CHECKING:
     from .http import Relay
@@ -174,7 +174,7 @@ class Exchange:
         request, measurer = self.request, self.measurer
         length, chunked = request.length, request.chunked
         out, expect, version = self._upstream_head()
-        tracker = self.tracker = self.relay.tracker(self.session_id) \
+        tracker = self.tracker = self.relay.tracker(self.session_id, self._origin) \
             if not request.target.startswith(b"/.well-known/") else None
         if tracker is not None and version:
             measurer.set_tracker(tracker, protocol_version=version)
@@ -198,6 +198,10 @@ class Exchange:
             return await self._forward(b"".join(out), None, self._body())
         out.append(b"\r\n")  # GET, DELETE...: no body (and a retry on a fresh connection is safe)
         return await self._forward(b"".join(out), b"", None)
+
+    def _origin(self) -> dict[str, Any]:
+        """What a budget key may read besides the body: the request's headers, the client's address."""
+        return http_origin(self.request.headers, self.writer.get_extra_info("peername"))
 
     def _unmeasured(self, keep: bool) -> bool:
         """The exchange ends before the upstream saw it: what was measured is finished."""
@@ -242,7 +246,7 @@ class Exchange:
         the body to send on)."""
         tracker, relay = self.tracker, self.relay
         if relay.injector is not None and tracker is not None and body:
-            body = relay.injector.rewrite_body(tracker, body)
+            body = relay.injector.rewrite_body(tracker, body, self.request.get(b"baggage"))
         if relay.guard and self.up is not None and (b'"tools/call"' in body or b'"result"' in body):
             # What a guard may refuse (a tools/call) or change (the client's result to a server's request) is
             # handled before it goes upstream; other requests are measured after the response head, as without

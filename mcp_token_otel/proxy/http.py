@@ -29,6 +29,7 @@ import signal
 import socket
 import urllib.parse
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from .exchange import CHUNK, Exchange, Upstream, Wire, refuse
@@ -146,15 +147,17 @@ class Relay:
 
     # ------------------------------------------------------------------ sessions
 
-    def tracker(self, session_id: str | None) -> Any:
-        """The session's tracker (by ``Mcp-Session-Id``); without one, the exchange's own."""
+    def tracker(self, session_id: str | None, origin: Callable[[], dict[str, Any]]) -> Any:
+        """The session's tracker (by ``Mcp-Session-Id``); without one, the exchange's own. ``origin()``: what a
+        budget key may read from the request that opens it (see transport.http_origin)."""
         measurer = self.telemetry.measurer
         if session_id is None:  # its own exchange: closed when the response ends
-            return measurer.tracker(session_key=None, transport=HttpProxy.network, attributes=self._attrs)
+            return measurer.tracker(session_key=None, transport=HttpProxy.network, attributes=self._attrs,
+                                    origin=origin())
         tracker = self.sessions.get(session_id)
         if tracker is None:
             tracker = measurer.tracker(session_key=session_id, session_id=session_id, transport=HttpProxy.network,
-                                       attributes=self._attrs)
+                                       attributes=self._attrs, origin=origin())
             self.sessions[session_id] = tracker
             if len(self.sessions) > MAX_SESSIONS:  # sessions never DELETEd: the oldest goes
                 _, oldest = self.sessions.popitem(last=False)

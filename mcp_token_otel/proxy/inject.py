@@ -7,6 +7,10 @@ the very same bytes. ``params`` is never created where a request had none (nor m
 ``_meta`` is added inside an existing ``params`` object. The proxy span's ids are chosen here and handed
 to the measuring side (in order, before the message's bytes), which then opens the request's span with
 exactly those ids.
+
+HTTP: a request whose ``_meta`` carries no ``baggage`` also gets the conversation's entry
+(``gen_ai.conversation.id``) when the HTTP request's ``baggage`` header has one, as the client shim adds it
+with ``budget.propagate``: a server that reads only ``_meta`` keys the conversation's budget too.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import json
 import random
 from typing import Any
+from urllib.parse import quote
 
+from ..core.budget_key import CONVERSATION_ID, parse_baggage
 from .lines import LineSplitter
 
 #: stdio lines longer than this are forwarded uninspected (the relay never holds more than this per line).
@@ -31,18 +37,21 @@ class Injector:
     def __init__(self, measurer: Any) -> None:
         self.measurer = measurer
 
-    def rewrite_body(self, tracker: Any, raw: bytes) -> bytes:
-        """``raw`` itself when nothing is injected, else the re-serialised message (or batch)."""
-        if b'"method"' not in raw or b"traceparent" in raw:
+    def rewrite_body(self, tracker: Any, raw: bytes, baggage: bytes | None = None) -> bytes:
+        """``raw`` itself when nothing is injected, else the re-serialised message (or batch). ``baggage``: the
+        HTTP request's ``baggage`` header."""
+        member = _conversation_member(baggage)
+        if b'"method"' not in raw or (b"traceparent" in raw and member is None):
             return raw
         try:
             message = json.loads(raw)
         except (ValueError, RecursionError):
             return raw
         injected: list[tuple[Any, int, int]] = []
+        changed = False
         for item in message if isinstance(message, list) else (message,):
-            self._inject(item, injected)
-        if not injected:
+            changed = self._inject(item, injected, member) or changed
+        if not changed:
             return raw
         try:
             body = json.dumps(message, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
@@ -54,24 +63,42 @@ class Injector:
         return body
 
     @staticmethod
-    def _inject(message: Any, injected: list[tuple[Any, int, int]]) -> None:
+    def _inject(message: Any, injected: list[tuple[Any, int, int]], member: str | None) -> bool:
+        """Whether ``message`` was changed: a traceparent (its ids added to ``injected``), the conversation's
+        baggage ``member``."""
         if not isinstance(message, dict) or not isinstance(message.get("method"), str) or "id" not in message:
-            return
+            return False
         params = message.get("params")
         if not isinstance(params, dict):
-            return  # never create params (nor replace a non-object)
+            return False  # never create params (nor replace a non-object)
         meta = params.get("_meta")
-        if meta is not None and (not isinstance(meta, dict) or "traceparent" in meta):
-            return
+        if meta is not None and not isinstance(meta, dict):
+            return False
         request_id = message["id"]
         if isinstance(request_id, bool) or not isinstance(request_id, (str, int, float)):
-            return
-        trace_id = _random.getrandbits(128) or 1
-        span_id = _random.getrandbits(64) or 1
+            return False
+        trace = meta is None or "traceparent" not in meta
+        carry = member is not None and (meta is None or "baggage" not in meta)
+        if not trace and not carry:
+            return False
         if meta is None:
             meta = params["_meta"] = {}
-        meta["traceparent"] = traceparent(trace_id, span_id)
-        injected.append((request_id, trace_id, span_id))
+        if trace:
+            trace_id = _random.getrandbits(128) or 1
+            span_id = _random.getrandbits(64) or 1
+            meta["traceparent"] = traceparent(trace_id, span_id)
+            injected.append((request_id, trace_id, span_id))
+        if carry:
+            meta["baggage"] = member
+        return True
+
+
+def _conversation_member(header: bytes | None) -> str | None:
+    """The conversation's W3C baggage member from a ``baggage`` header, None without one."""
+    if not header or CONVERSATION_ID.encode() not in header:
+        return None
+    value = parse_baggage(header.decode("latin-1")).get(CONVERSATION_ID)
+    return f"{CONVERSATION_ID}={quote(value, safe='')}" if isinstance(value, str) and value else None
 
 
 class LineInjector:

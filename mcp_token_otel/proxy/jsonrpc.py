@@ -24,6 +24,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
+from ..core.budget_key import MessageFacts, client_identity
 from ..core.measure import called_tool
 from ..recorder import TokenRecorder
 from ..semconv import A_ERROR_TYPE, A_PROTOCOL, call_attributes, span_name
@@ -43,6 +44,8 @@ A_SERVER_NAME = "mcp_token.server.name"
 LINES, BODY, SSE = "lines", "body", "sse"
 #: A 2026-era request names its protocol version in ``params._meta`` (sessionless: no initialize tells it).
 PROTOCOL_META_KEY = "io.modelcontextprotocol/protocolVersion"
+#: ... and its client (what ``initialize`` told before).
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
 #: The first protocol version whose results carry ``resultType`` (versions are dates: they compare as strings).
 RESULT_TYPE_SINCE = "2026-07-28"
 DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
@@ -78,6 +81,7 @@ class Pending:
     tool: str | None
     started: int | None = None  # time_ns() the request went through (the operation duration's start)
     arguments: Any = None  # guard mode: the call's arguments (the cap's pagination hint needs them)
+    key: str | None = None  # the budget the request counted toward: its answer counts toward it too
 
 
 class MessageStream:
@@ -185,7 +189,9 @@ def _id_key(value: Any) -> tuple[str, Any] | None:
 
 
 class Tracker:
-    """One MCP session seen by the proxy: pending requests in both directions, its budget key, its spans."""
+    """One MCP session seen by the proxy (stdio: the stream; HTTP: an ``Mcp-Session-Id``, or one exchange without
+    one): pending requests in both directions, their spans and budgets (``budget.key``: the session, the
+    conversation's baggage, a header, the client...)."""
 
     def __init__(
         self,
@@ -197,11 +203,18 @@ class Tracker:
         transport: str,
         attributes: Mapping[str, Any] | None = None,
         guard: bool = False,
+        origin: Mapping[str, Any] | None = None,
     ) -> None:
+        """``session_key``: the session's own key (stdio: the stream's; HTTP: the ``Mcp-Session-Id``; None: no
+        session). ``origin``: what else a budget key may read, from the HTTP request that opened the exchange:
+        ``headers`` (lower-case names) and ``peer`` (the client's address)."""
         self.recorder = recorder
         self.stats = stats
-        self.session_key = session_key  # budget key (None: off the budget)
+        self.session_key = session_key
         self.session_id = session_id  # the protocol's Mcp-Session-Id, when there is one
+        self.headers: dict[str, str] = dict((origin or {}).get("headers") or {})
+        self.peer: str | None = (origin or {}).get("peer")
+        self.client_info: Any = None  # an initialize's clientInfo
         self.transport = transport
         self.attributes = dict(attributes or {})
         self.protocol_version: str | None = None
@@ -251,8 +264,9 @@ class Tracker:
             if "id" in message:
                 self._request(direction, method, message, now)
             else:
-                self.stats.count(direction, "notification")
-                self.recorder.record_input(None, "proxy", method, message.get("params"))
+                self.stats.count(direction, "notification")  # never enters the model's context: no budget
+                self.recorder.record_input(None, "proxy", method, message.get("params"), self.session_key,
+                                           budgeted=False)
             return None
         if "id" in message and ("result" in message or "error" in message):
             return self._response(direction, message, now)
@@ -270,23 +284,29 @@ class Tracker:
             return None
         self.stats.count(direction, "request")
         params = message.get("params")
+        meta = params.get("_meta") if isinstance(params, Mapping) else None
+        version = meta.get(PROTOCOL_META_KEY) if isinstance(meta, Mapping) else None
+        if not isinstance(version, str):
+            version = self.protocol_version
+        if method == "initialize" and direction == C2S and isinstance(params, Mapping):
+            self.client_info = params.get("clientInfo")
+        modern = isinstance(version, str) and version >= RESULT_TYPE_SINCE  # sessionless: no mcp.session.id
         attrs = call_attributes(
-            method, params, session_id=self.session_id, request_id=message.get("id"),
-            protocol_version=self.protocol_version, transport=self.transport,
+            method, params, session_id=None if modern else self.session_id, request_id=message.get("id"),
+            protocol_version=version, transport=self.transport,
         )
         attrs.update(self.attributes)
         forced = self.injected.pop(key, None) if direction == C2S and self.injected else None
         span = self._start_span(method, params, direction, attrs, now, forced)
         rec = self.recorder
+        budget = self._budget_key(params, meta)
         # Before the request is recorded: the session limit reads the budget as it stood before this call.
-        refusal = rec.guard_request(span, "proxy", method, params, self.session_key) \
-            if refuse and direction == C2S else None
-        rec.record_input(span, "proxy", method, params, self.session_key)
+        refusal = rec.guard_request(span, "proxy", method, params, budget) if refuse and direction == C2S else None
+        rec.record_input(span, "proxy", method, params, budget)
         tool = called_tool(method, params)
         if refusal is not None:  # answered by the proxy: the refusal is the call's output
             refusal = self._envelope(refusal, params)
-            rec.record_output(span, "proxy", method, tool, result=refusal, session_id=self.session_key,
-                              duration_s=0.0)
+            rec.record_output(span, "proxy", method, tool, result=refusal, session_id=budget, duration_s=0.0)
             self._end_span(span, now)
             return refusal
         pending_key = (direction, key)
@@ -298,8 +318,18 @@ class Tracker:
             self._abandon(self.pending.pop(oldest), now, "evicted")
         arguments = params.get("arguments") if self.guard and tool is not None and isinstance(params, Mapping) \
             else None
-        self.pending[pending_key] = Pending(span, method, tool, now, arguments)
+        self.pending[pending_key] = Pending(span, method, tool, now, arguments, budget)
         return None
+
+    def _budget_key(self, params: Any, meta: Any) -> str | None:
+        """The budget this request counts toward (``budget.key``), None: unbudgeted."""
+        rec = self.recorder
+        if self.session_key is not None and rec.session_first:
+            return self.session_key
+        info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, Mapping) else None
+        client = client_identity(info if info is not None else self.client_info, self.peer)
+        return rec.budget_key(MessageFacts(session=self.session_key, params=params, headers=self.headers,
+                                           client=client))
 
     def _envelope(self, refusal: dict[str, Any], params: Any) -> dict[str, Any]:
         """The refusal shaped as the request's protocol shapes a result: since 2026-07-28 a result carries its
@@ -328,18 +358,18 @@ class Tracker:
         changed: Any = None
         if error is not None:
             rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
-                              session_id=self.session_key, duration_s=duration)
+                              session_id=pending.key, duration_s=duration)
         else:
             result = message.get("result")
             if self.guard:  # every result a guard may change: what the counters say is what is delivered
                 _, deliver = rec.record_guarded_output(
-                    pending.span, "proxy", pending.method, pending.tool, result, self.session_key,
+                    pending.span, "proxy", pending.method, pending.tool, result, pending.key,
                     arguments=pending.arguments, duration_s=duration)
                 if deliver is not result:
                     changed = deliver
             else:
                 rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
-                                  session_id=self.session_key, duration_s=duration)
+                                  session_id=pending.key, duration_s=duration)
             if pending.method == "initialize" and isinstance(result, Mapping):
                 version = result.get("protocolVersion")
                 if isinstance(version, str):

@@ -28,11 +28,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
-from .jsonrpc import MessageStream, Tracker
 from .measure_queue import MeasureQueue
-from .telemetry import StartupError
+
+if TYPE_CHECKING:  # the relay side stays light: it starts before the measuring code is imported
+    from .jsonrpc import MessageStream, Tracker
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -63,20 +64,21 @@ class RemoteStream:
 
 
 class RemoteMeasurer:
-    """Same interface as :class:`~.jsonrpc.Measurer`, backed by a measuring subprocess."""
+    """Same interface as :class:`~.jsonrpc.Measurer`, backed by a measuring subprocess.
+
+    The relay never waits for it to start: records go into the pipe (and the queue behind it) at once and are
+    measured when it is ready; the queue's writer waits for its ``ready`` line (up to ``startup_timeout``), and
+    if it never comes, relaying goes on unmeasured."""
 
     def __init__(self, argv: list[str], *, startup_timeout: float = 60.0) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._pipe: IO[bytes] = self.proc.stdin
-        ready: list[bytes] = []
-        reader = threading.Thread(target=lambda: ready.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(startup_timeout)
-        if not ready or ready[0] != READY:
-            self.proc.kill()
-            self.proc.wait()
-            raise StartupError("the measuring process did not start (see the lines above)")
+        self._ready: list[bytes] = []
+        self._reader = threading.Thread(target=self._wait_ready, name="mcp-token-otel-measure-start", daemon=True)
+        self._reader.start()
+        self.startup_timeout = startup_timeout
+        self._started = False
         self._ids = itertools.count(1)
         self._broken = False
         self._dropped_sent = (0, 0)
@@ -239,6 +241,23 @@ class RemoteMeasurer:
         self._backlog_bytes = 0
         logger.warning("mcp-token-otel proxy: the measuring process is gone; relaying goes on unmeasured")
 
+    def _wait_ready(self) -> None:
+        assert self.proc.stdout is not None
+        self._ready.append(self.proc.stdout.readline())
+
+    @property
+    def ready(self) -> bool:
+        """The measuring process said it is ready (it measures what was handed over before, in order)."""
+        return self._ready == [READY]
+
+    def _check_started(self) -> None:
+        """On the queue's thread, before its first write: the measuring process must have started."""
+        self._started = True
+        self._reader.join(self.startup_timeout)
+        if not self.ready:
+            self._broken = True
+            logger.warning("mcp-token-otel proxy: the measuring process did not start; relaying goes on unmeasured")
+
     # ------------------------------------------------------------------ queue thread
 
     def _write_data(self, stream: RemoteStream, chunk: bytes, now: int) -> None:
@@ -252,6 +271,8 @@ class RemoteMeasurer:
         self._send(DATA, stream.id, chunk, now)
 
     def _send(self, op: int, ident: int, payload: bytes, now: int) -> None:
+        if not self._started:
+            self._check_started()
         if self._broken:
             return
         try:

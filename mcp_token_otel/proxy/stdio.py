@@ -2,11 +2,14 @@
 
 Two relay threads copy raw chunks (``os.read``/``os.write``, no line limit, partial writes retried); each
 chunk is appended to the measuring queue (never blocks) and written on at once; parsing, pairing and
-estimating happen on the measuring thread. A blocked write blocks that relay's reads, so a
+estimating happen on the measuring side. A blocked write blocks that relay's reads, so a
 slow consumer slows its producer (backpressure through the pipes) instead of growing a buffer. The child's
-stderr is inherited. Shutdown follows the MCP stdio transport: EOF on our stdin closes the child's stdin;
-then SIGTERM, then SIGKILL if it does not exit; SIGINT/SIGTERM received are forwarded to the child; the
-proxy exits with the child's exit status (128 + N when killed by signal N).
+stderr is inherited. This module imports little: the server is started before the measuring code is loaded,
+so that its start-up never waits on the proxy's.
+
+Shutdown follows the MCP stdio transport: EOF on our stdin closes the child's stdin; the child then has the
+shutdown grace to answer what it has read and exit, then gets SIGTERM, then SIGKILL; SIGINT/SIGTERM received
+are forwarded to the child; the proxy exits with the child's exit status (128 + N when killed by signal N).
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .inject import Injector
-from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C
-from .telemetry import StartupError
-from .transport import Channel
+from .startup import StartupError
+
+if TYPE_CHECKING:
+    from .transport import Channel
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
 CHUNK = 64 * 1024  # below malloc's mmap threshold: cheap for small messages, fine for 100 MB ones
-#: Seconds the child gets to exit after its stdin closed, then after SIGTERM (the SDK's stdio client uses 2).
+#: Seconds the child gets to exit after SIGTERM, and after its stdin closed because the client went away (the
+#: SDK's stdio client uses 2).
 EXIT_GRACE = 2.0
+#: Seconds the child gets, after the client closed its input, to answer the calls in flight and exit.
+SHUTDOWN_GRACE = 30.0
 
 
 def _die_with_parent() -> None:
@@ -60,13 +67,14 @@ class StdioProxy:
 
     def __init__(
         self, command: Sequence[str], *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
-        exit_grace: float = EXIT_GRACE, inject: bool = False,
+        exit_grace: float = EXIT_GRACE, shutdown_grace: float = SHUTDOWN_GRACE, inject: bool = False,
     ) -> None:
         self.command = list(command)
         self.name = name
         self.stdin_fd = stdin_fd
         self.stdout_fd = stdout_fd
         self.exit_grace = exit_grace
+        self.shutdown_grace = shutdown_grace
         self.inject = inject
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = threading.Event()
@@ -84,6 +92,9 @@ class StdioProxy:
 
     def run(self, telemetry: Any) -> int:
         """Relay until the child exits; its exit status (128 + N for a signal)."""
+        from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C  # the child is running already (see the module doc)
+        from .transport import Channel
+
         proc = self.proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         measurer = telemetry.measurer
@@ -165,13 +176,14 @@ class StdioProxy:
             ended(why)
 
     def _client_ended(self, why: str) -> None:
-        """Our stdin reached EOF (or the child's stdin broke): pass the EOF on, then make sure the child goes."""
+        """Our stdin reached EOF (or the child's stdin broke): pass the EOF on; the child answers what it has
+        read (its answers still reach the client) and exits, else it is stopped after the shutdown grace."""
         proc = self.proc
         assert proc is not None and proc.stdin is not None
         logger.debug("mcp-token-otel proxy: client side ended (%s)", why)
         with contextlib.suppress(OSError):
             proc.stdin.close()
-        self._reap_later()
+        self._reap_later(self.shutdown_grace)
 
     def _server_ended(self, why: str) -> None:
         """The child's stdout ended (it exits or crashed) or our stdout broke (the client is gone)."""
@@ -186,17 +198,19 @@ class StdioProxy:
             with contextlib.suppress(OSError):
                 os.close(self.stdout_fd)  # the client sees EOF as it would from the server itself
 
-    def _reap_later(self) -> None:
+    def _reap_later(self, grace: float | None = None) -> None:
+        """Make sure the child goes: SIGTERM after ``grace`` (default: the exit grace), then SIGKILL."""
         if self._stopping.is_set():
             return
         self._stopping.set()
-        threading.Thread(target=self._escalate, name="proxy-reaper", daemon=True).start()
+        first = self.exit_grace if grace is None else grace
+        threading.Thread(target=self._escalate, args=(first,), name="proxy-reaper", daemon=True).start()
 
-    def _escalate(self) -> None:
+    def _escalate(self, first: float) -> None:
         proc = self.proc
         assert proc is not None
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            deadline = time.monotonic() + self.exit_grace
+        for sig, grace in ((signal.SIGTERM, first), (signal.SIGKILL, self.exit_grace)):
+            deadline = time.monotonic() + grace
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     return

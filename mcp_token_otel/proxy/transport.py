@@ -15,6 +15,21 @@ from .guard import BodyGuard, LineGuard, SseGuard
 from .inject import Injector, LineInjector
 from .jsonrpc import LINES, SSE
 
+#: Request headers never handed to the measuring side: credentials (``principal`` keys a budget by who).
+_PRIVATE_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie"})
+
+
+def http_origin(headers: list[tuple[bytes, bytes]], peername: Any) -> dict[str, Any]:
+    """What a budget key (``budget.key``) may read from an HTTP request besides its body: its headers (lower-case
+    names, the first of each) for ``header:<name>`` and ``baggage``, and the client's address for ``client``."""
+    fields: dict[str, str] = {}
+    for name, value in headers:
+        lower = name.lower()
+        if lower not in _PRIVATE_HEADERS:
+            fields.setdefault(lower.decode("latin-1"), value.decode("latin-1"))
+    peer = peername[0] if isinstance(peername, tuple) and peername and isinstance(peername[0], str) else None
+    return {"headers": fields, "peer": peer}
+
 
 class Transport(Protocol):
     """A proxy for one kind of MCP transport; built by the CLI, run until the client or the server is done."""
