@@ -12,6 +12,9 @@ on stderr, for a stdio server that died); the whole exchange runs under one time
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import logging
 import os
 import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -20,6 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
+
+from ..core.redact import header_secrets, redact_url, scrub, secrets_in_text
+
+logger = logging.getLogger(__name__)
 
 #: More pages than this for one list is taken as a server looping on its cursor.
 MAX_PAGES = 1000
@@ -47,7 +54,15 @@ class Target:
 
     @property
     def label(self) -> str:
-        return self.url if self.url is not None else " ".join(self.command)
+        """The target in messages: a URL without its credentials, or the command line."""
+        return redact_url(self.url) if self.url is not None else " ".join(self.command)
+
+    def secrets(self) -> set[str]:
+        """What must never be shown: the URL's credentials, credential headers' values (and the command's URLs')."""
+        found = secrets_in_text(self.url or " ".join(self.command))
+        for name, value in self.headers.items():
+            found |= header_secrets(f"{name}: {value}")
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +107,61 @@ def discover(target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> Discovery:
     if not timeout > 0:
         raise DiscoveryError(f"timeout must be a positive number of seconds, got {timeout!r}")
     notes = Notes()
-    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
-        try:
-            return anyio.run(_discover, target, timeout, errlog, notes)
-        except DiscoveryError:
-            raise
-        except BaseException as exc:  # every failure becomes one line
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            raise DiscoveryError(_describe(exc, target, timeout, errlog, notes)) from None
+    stdout_lines = StrayLines()
+    sdk_logger = logging.getLogger("mcp.client.stdio")
+    sdk_logger.addFilter(stdout_lines)
+    try:
+        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as errlog:
+            try:
+                found = anyio.run(_discover, target, timeout, errlog, notes)
+            except DiscoveryError as exc:
+                raise DiscoveryError(scrub(str(exc), target.secrets())) from None
+            except BaseException as exc:  # every failure becomes one line
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise
+                message = _describe(exc, target, timeout, errlog, notes) + stdout_lines.describe(" (", ")")
+                raise DiscoveryError(scrub(message, target.secrets())) from None
+    finally:
+        sdk_logger.removeFilter(stdout_lines)
+    if stdout_lines.first is not None:
+        logger.warning("warning: %s%s", target.label, stdout_lines.describe(": ", "; ignored"))
+    return found
+
+
+class StrayLines(logging.Filter):
+    """Lines a stdio server wrote on stdout that are not JSON-RPC (a banner, a print): the SDK logs a traceback
+    for each and goes on; kept here instead, the first named in one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+        self.count = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not record.getMessage().startswith("Failed to parse JSONRPC message") or error is None:
+            return True
+        self.count += 1
+        if self.first is None:
+            self.first = _offending_line(error)
+        return False
+
+    def describe(self, before: str, after: str) -> str:
+        if self.first is None:
+            return ""
+        more = f" (and {self.count - 1} more)" if self.count > 1 else ""
+        return f"{before}the server wrote a line that is not JSON-RPC on stdout: {self.first!r}{more}{after}"
+
+
+def _offending_line(error: BaseException) -> str:
+    """The line the SDK could not parse, from its pydantic error (the input it was given), cut to 120 chars."""
+    errors = getattr(error, "errors", None)
+    line: Any = None
+    with contextlib.suppress(Exception):
+        line = errors()[0].get("input") if callable(errors) else None
+    text = line if isinstance(line, str) else json.dumps(line) if line is not None else str(error)
+    text = text.strip().splitlines()[0] if text.strip() else text
+    return text if len(text) <= 120 else text[:120] + "..."
 
 
 async def _discover(target: Target, timeout: float, errlog: TextIO, notes: Notes) -> Discovery:

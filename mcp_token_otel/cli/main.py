@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import dataclasses
 import json
@@ -11,25 +12,50 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn, TextIO, cast
 
 import yaml
 
-from ..config import Config, ConfigError, build_policy, config_as_dict, load_config
+from ..config import SECRET_KEYS, Config, ConfigError, build_policy, config_as_dict, load_config
 from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from ..core.measure import Measurement, Policy, measure_message, measure_result
+from ..core.redact import ScrubbedStream, secrets_in_args
 from . import governance
 
+#: The most ``estimate`` reads (``--max-bytes``): the largest message the proxy measures. Endless input
+#: (``/dev/zero``, a stream that never closes) is cut there, with a note, rather than read until memory runs out.
+DEFAULT_MAX_INPUT_BYTES = 128 * 1024 * 1024
 
-def _read_input(source: str) -> tuple[Any, str | None]:
+
+def _read_bounded(source: str, limit: int) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of ``source`` (a path or ``-``), and whether there was more."""
+    if source == "-":
+        raw = sys.stdin.buffer.read(limit + 1)
+    else:
+        with Path(source).open("rb") as file:
+            raw = file.read(limit + 1)
+    return raw[:limit], len(raw) > limit
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024):,} MiB" if count % (1024 * 1024) == 0 else f"{count:,} bytes"
+
+
+def _read_input(source: str, limit: int = DEFAULT_MAX_INPUT_BYTES) -> tuple[Any, str | None]:
     """The parsed JSON in ``source`` (a path or ``-``), or its text when it is not JSON; and a note."""
-    raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
-    try:
-        text = raw.decode("utf-8")
-        note = None
+    raw, cut = _read_bounded(source, limit)
+    cut_note = f"input is larger than {_size(limit)} (--max-bytes): measured its first {_size(limit)} only"
+    try:  # a character the cut split is left out, not taken for a bad byte
+        text = codecs.getincrementaldecoder("utf-8")().decode(raw, final=not cut)
+        note = cut_note if cut else None
     except UnicodeDecodeError as exc:
         text = raw.decode("utf-8", errors="replace")
-        note = f"input is not valid UTF-8 (first bad byte at offset {exc.start}); bad bytes replaced"
+        bad = f"input is not valid UTF-8 (first bad byte at offset {exc.start}); bad bytes replaced"
+        note = "; ".join(filter(None, [cut_note if cut else None, bad]))
+    return _parsed(text, note)
+
+
+def _parsed(text: str, note: str | None) -> tuple[Any, str | None]:
     try:
         return json.loads(text), note
     except RecursionError:
@@ -43,17 +69,33 @@ def _read_input(source: str) -> tuple[Any, str | None]:
         return text, note
 
 
+def _is_batch(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
 def _measure(value: Any, policy: Policy, method: str | None, tool: str | None) -> list[Measurement]:
     if isinstance(value, str):
         return [measure_result(method or "text", {"content": [{"type": "text", "text": value}]},
                                tool_name=tool, policy=policy)]
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):  # JSON-RPC batch
+    if _is_batch(value):
         return [measure_message(v, request_method=method, tool_name=tool, policy=policy) for v in value]
     return [measure_message(value, request_method=method, tool_name=tool, policy=policy)]
 
 
-def _print_measurement(m: Measurement, policy: Policy, out: TextIO) -> None:
-    what = f"{m.method} {'request' if m.direction == 'input' else 'response'} ({m.direction})"
+def _jsonrpc_error(value: Any) -> str | None:
+    """What a JSON-RPC error response says, in one line: ``JSON-RPC error -32602: Invalid params``."""
+    error = value.get("error") if isinstance(value, dict) and "result" not in value else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    message = " ".join(str(error.get("message", "")).split())
+    message = message if len(message) <= 200 else message[:200] + "..."
+    return f"JSON-RPC error {code}" + (f": {message}" if message else "")
+
+
+def _print_measurement(m: Measurement, policy: Policy, out: TextIO, error: str | None = None) -> None:
+    kind = "error response" if error else "request" if m.direction == "input" else "response"
+    what = f"{'JSON-RPC' if error and m.method == 'unknown' else m.method} {kind} ({m.direction})"
     if m.tool_name:
         what += f", tool '{m.tool_name}'"
     print(what, file=out)
@@ -67,8 +109,8 @@ def _print_measurement(m: Measurement, policy: Policy, out: TextIO) -> None:
         file=out,
     )
     print(f"risk tier: {m.risk_tier}", file=out)
-    if m.error_type:
-        print(f"error: {m.error_type}", file=out)
+    if error or m.error_type:
+        print(f"error: {error or m.error_type}", file=out)
     for advice in m.advisories:
         print(f"advisory: {advice}", file=out)
     if m.reason:
@@ -79,7 +121,7 @@ EMPTY_NOTE = "input is empty: nothing to measure"
 
 
 def _cmd_estimate(args: argparse.Namespace, config: Config, policy: Policy) -> int:
-    value, note = _read_input(args.source)
+    value, note = _read_input(args.source, args.max_bytes)
     if isinstance(value, str) and not value.strip():  # not a message of zero tokens with 100% overhead
         if args.json:
             print("[]")
@@ -88,17 +130,20 @@ def _cmd_estimate(args: argparse.Namespace, config: Config, policy: Policy) -> i
             print(f"note: {EMPTY_NOTE}")
         return 0
     results = _measure(value, policy, args.method, args.tool)
+    messages = value if _is_batch(value) else [value]
+    errors = [_jsonrpc_error(message) for message in messages]
     if args.json:
         payload = [{**m.to_dict(), "estimator": policy.estimator_name} for m in results]
-        for item in payload:
+        for item, error in zip(payload, errors, strict=True):
+            item["error_message"] = error
             item["input_note"] = note
         json.dump(payload[0] if len(payload) == 1 else payload, sys.stdout, indent=2)
         print()
         return 0
-    for index, m in enumerate(results):
+    for index, (m, error) in enumerate(zip(results, errors, strict=True)):
         if index:
             print()
-        _print_measurement(m, policy, sys.stdout)
+        _print_measurement(m, policy, sys.stdout, error)
     if note:
         print(f"note: {note}")
     return 0
@@ -184,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--estimator", choices=ESTIMATOR_NAMES, help="overrides the configured estimator")
     est.add_argument("--method", help="the request method a bare result answers (default: inferred)")
     est.add_argument("--tool", help="the tool name, for advisories")
+    est.add_argument("--max-bytes", type=_POSITIVE_INT, default=DEFAULT_MAX_INPUT_BYTES, metavar="BYTES",
+                     help="read at most this much input, say so when there is more (default 128 MiB)")
     est.set_defaults(func=_cmd_estimate)
 
     governance.register(sub)  # profile, lock, check
@@ -210,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cfg = sub.add_parser("config", help="print the effective configuration (file + environment)")
     cfg.set_defaults(func=_cmd_config, estimator=None)
+    for command in sub.choices.values():  # --config after the subcommand too; the later one wins
+        command.add_argument("--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
@@ -225,10 +274,32 @@ def _quiet_stdout() -> None:
         os.close(devnull)
 
 
+def _config_secrets(config: Config) -> set[str]:
+    secrets = set()
+    for key in SECRET_KEYS:
+        section, leaf = key.split(".")
+        secrets.add(str(getattr(getattr(config, section), leaf)))
+    return secrets
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Credentials on the command line or in the configuration never reach standard error:
+    every error, log record and library message written there has them masked."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stderr = sys.stderr
+    scrubbed = ScrubbedStream(stderr, secrets_in_args(argv))
+    sys.stderr = cast(TextIO, scrubbed)
+    try:
+        return _run(argv, scrubbed)
+    finally:
+        sys.stderr = stderr
+
+
+def _run(argv: list[str], stderr: ScrubbedStream) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = load_config(args.config)
+        stderr.add(_config_secrets(config))
         if args.estimator:
             config = dataclasses.replace(config, estimator=args.estimator)
         policy = build_policy(config)

@@ -7,8 +7,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
+import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
@@ -32,6 +36,8 @@ def add_parser(sub: Any) -> None:
                    help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=None, metavar="HOST",
                    help="address for /metrics (default: prometheus.host, 127.0.0.1)")
+    p.add_argument("--metrics-required", action="store_true",
+                   help="exit when /metrics cannot be served (default: warn on stderr and relay without it)")
     p.add_argument("--listen", metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
     p.add_argument("--upstream", metavar="URL", help="HTTP mode: the streamable-HTTP MCP endpoint URL to forward to")
     p.add_argument("--inject-trace-context", action="store_true",
@@ -91,11 +97,11 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
     from ..proxy.stdio import StdioProxy, default_name
 
     name = args.name or default_name(command)
-    _check_metrics_port(args, config)
+    metrics = _metrics_servable(args, config)
     proxy = StdioProxy(command, name=name, inject=args.inject_trace_context, shutdown_grace=args.shutdown_grace)
     proxy.start()  # the server boots while the measuring process starts
     try:
-        telemetry = _telemetry(args, config, name)
+        telemetry = _telemetry(args, config, name, metrics=metrics)
     except BaseException:
         assert proxy.proc is not None
         proxy.proc.kill()
@@ -112,26 +118,61 @@ def _relay(proxy: Transport, telemetry: Any) -> int:
         telemetry.close()
 
 
-def _check_metrics_port(args: argparse.Namespace, config: Config) -> None:
-    """One clear line now if /metrics cannot be served (rather than from the measuring process later)."""
-    from ..proxy.telemetry import check_port_free
+def _metrics_servable(args: argparse.Namespace, config: Config) -> bool:
+    """Whether /metrics is to be served (``--metrics-port`` or prometheus.enabled) and can be, checked now.
+    Measuring never stops serving: a port that cannot be bound is one warning and no /metrics, unless
+    ``--metrics-required`` makes it the error it was."""
+    from ..proxy.telemetry import StartupError, check_port_free
 
-    if args.metrics_port is not None or config.prometheus.enabled:
-        port = config.prometheus.port if args.metrics_port is None else args.metrics_port
+    if args.metrics_port is None and not config.prometheus.enabled:
+        return False
+    port = config.prometheus.port if args.metrics_port is None else args.metrics_port
+    try:
         check_port_free(args.metrics_host or config.prometheus.host, port, "/metrics")
+    except StartupError as exc:
+        if args.metrics_required:
+            raise
+        print(f"{PREFIX}: warning: {exc}; relaying without /metrics (--metrics-required: exit instead)",
+              file=sys.stderr)
+        return False
+    return True
 
 
-def _telemetry(args: argparse.Namespace, config: Config, name: str) -> Any:
+def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: bool) -> Any:
     """The measuring side, in its own process (its CPU time never holds the relay's GIL); with guards on
-    (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements."""
+    (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements.
+    Without ``metrics``, no /metrics whatever the configuration says."""
     from ..proxy.guard import proxy_guarded
     from ..proxy.measure_process import RemoteTelemetry
 
+    port = args.metrics_port if metrics else None
+    if not metrics:
+        config = dataclasses.replace(config, prometheus=dataclasses.replace(config.prometheus, enabled=False))
     if proxy_guarded(config):
         from ..proxy.telemetry import Telemetry
 
-        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=args.metrics_port, guard=True)
-    return RemoteTelemetry(args.config, name, args.metrics_host, args.metrics_port)
+        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=port, guard=True)
+    with _environment(None if metrics else {PROMETHEUS_ENABLED: "false"}):  # the measuring process reads it
+        return RemoteTelemetry(args.config, name, args.metrics_host, port)
+
+
+#: The variable that turns /metrics off in the measuring process, which loads the configuration itself.
+PROMETHEUS_ENABLED = "MCP_TOKEN_OTEL_PROMETHEUS_ENABLED"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str] | None) -> Iterator[None]:
+    """``values`` in this process's environment while a child is started (the server has started already)."""
+    saved = {name: os.environ.get(name) for name in values or {}}
+    os.environ.update(values or {})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _run_http(args: argparse.Namespace, config: Config) -> int:
@@ -140,5 +181,5 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     host, port = parse_listen(args.listen)
     proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
-    _check_metrics_port(args, config)
-    return _relay(proxy, _telemetry(args, config, proxy.name))
+    metrics = _metrics_servable(args, config)
+    return _relay(proxy, _telemetry(args, config, proxy.name, metrics=metrics))
