@@ -217,6 +217,21 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+#: An exponent without a dot (1e9, 5E-3): a number in YAML 1.2, a string to PyYAML (YAML 1.1).
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+\.?[0-9]*)[eE][-+]?[0-9]+")
+
+
+def _yaml_number(value: Any) -> int | float | None:
+    """``value`` as a number: an int or float YAML read, or a string YAML 1.2 reads as one (``1e9``); else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return None
+
+
 def _expect_type(path: str, value: Any, hint: Any) -> Any:
     """Check a leaf value against its annotation; ints are accepted where floats are expected."""
     if typing.get_origin(hint) is types.UnionType:  # `X | None`: an optional override (guard.tools.*)
@@ -228,12 +243,15 @@ def _expect_type(path: str, value: Any, hint: Any) -> Any:
         ok = isinstance(value, bool)
         words = "true or false"
     elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        number = _yaml_number(value)
+        ok = isinstance(number, int) or (isinstance(number, float) and number.is_integer())
         words = "an integer"
+        value = int(number) if ok and number is not None else value
     elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = _yaml_number(value)
+        ok = number is not None
         words = "a number"
-        value = float(value) if ok else value
+        value = float(number) if number is not None else value
     elif hint is str:
         ok = isinstance(value, str)
         words = "a string"
