@@ -4,6 +4,9 @@
     mcp-token-otel lock [-o mcp-token-otel.lock.json] (FILE | --url URL | --stdio -- COMMAND...)
     mcp-token-otel check --lock FILE [--fail-on breaking|risky] (FILE | --url URL | --stdio -- COMMAND...)
 
+Each takes ``--observed URL`` (a /metrics) or ``--prometheus URL`` (``--window``): what the tools really
+returned, beside what their schemas promise; the worse of the two tiers is the effective one.
+
 Options come first, ``--stdio`` last: everything after it (after an optional ``--``) is the server's
 command line. Exit status: 0 clean, 1 when ``check`` finds a difference at or above ``--fail-on``, 2 on
 any error (one ``error:`` line).
@@ -32,11 +35,28 @@ from ..core.contract import (
     validate_lock,
 )
 from ..core.estimators import ESTIMATOR_NAMES, get_estimator
-from ..core.lock_diff import CheckLimits, diff_locks, failing, server_mismatch
+from ..core.lock_diff import CheckLimits, diff_locks, failing, server_mismatch, sort_differences
 from ..core.measure import Policy
+from ..core.observed import (
+    ToolView,
+    effective_differences,
+    merge,
+    result_size_warnings,
+    validate_effective,
+    with_effective,
+)
 from ..core.profiles import BASE_RULES, canonical_rule
 from ..core.risk import RiskThresholds
-from .governance_render import counts, print_check, print_profile_markdown, print_profile_table, profile_dict
+from . import observed_source
+from .governance_render import (
+    counts,
+    observation_dict,
+    print_check,
+    print_profile_markdown,
+    print_profile_table,
+    profile_dict,
+)
+from .observed_source import Observations, ObservedSourceError
 
 
 class UsageError(ValueError):
@@ -110,6 +130,7 @@ def register(sub: Any) -> None:
                       help="base tokens of a result item: default, or compact (4 characters of a field name per "
                            "token plus 5 for its value)")
     prof.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
+    observed_source.add_options(prof)
     _target_options(prof, file_help="a tools/list result or response, or - for standard input")
     prof.set_defaults(func=cmd_profile)
 
@@ -121,6 +142,7 @@ def register(sub: Any) -> None:
     lock.add_argument("--rule", type=_rule, default="default", metavar=_RULE_METAVAR,
                       help="base-token rule (default or compact)")
     lock.add_argument("--egress-max-bytes", type=int, default=None, help="egress cap applied to every tool")
+    observed_source.add_options(lock)
     _target_options(lock, file_help="a tools/list result or response, or - for standard input")
     lock.set_defaults(func=cmd_lock)
 
@@ -136,6 +158,7 @@ def register(sub: Any) -> None:
     check.add_argument("--token-budget", type=int, default=None, metavar="TOKENS",
                        help="the server's definition tokens above this are RISKY (default: no budget)")
     _output_options(check)
+    observed_source.add_options(check)
     _target_options(check, file_help="a tools/list result or response, or - for standard input")
     check.set_defaults(func=cmd_check, estimator=None)
 
@@ -250,7 +273,7 @@ def _guard(func: Any) -> Any:
     def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         try:
             return int(func(args, config, policy))
-        except (UsageError, LockError) as exc:
+        except (UsageError, LockError, ObservedSourceError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
 
@@ -267,14 +290,25 @@ def cmd_profile(args: argparse.Namespace, config: Config, policy: Policy) -> int
     p = _profile(lists, estimator_name=policy.estimator_name, rule=args.rule, thresholds=policy.thresholds,
                  context_window=config.budget.context_window, egress_max_bytes=args.egress_max_bytes)
     warnings = client_limit_warnings(p.tool_definitions, p.server_name or "server")
+    observed = _observed(args, p, policy.thresholds)
+    if observed is not None:
+        warnings += result_size_warnings(observed[1])
     if args.json:
-        json.dump(profile_dict(p, warnings), sys.stdout, indent=2, ensure_ascii=False)
+        json.dump(profile_dict(p, warnings, observed), sys.stdout, indent=2, ensure_ascii=False)
         print()
     elif args.markdown:
-        print_profile_markdown(p, warnings, sys.stdout)
+        print_profile_markdown(p, warnings, sys.stdout, observed)
     else:
-        print_profile_table(p, warnings, sys.stdout)
+        print_profile_table(p, warnings, sys.stdout, observed)
     return 0
+
+
+def _observed(args: argparse.Namespace, p: ServerProfile,
+              thresholds: RiskThresholds) -> tuple[Observations, list[ToolView]] | None:
+    """The observations asked for, merged with the static profile; read only once the server was profiled, so
+    that the server's own name picks its series."""
+    found = observed_source.load(args, p.server_name, thresholds)
+    return None if found is None else (found, merge(p, found.tools))
 
 
 # --------------------------------------------------------------------------- lock
@@ -290,7 +324,9 @@ def cmd_lock(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     lists = _locked_name(fetch_lists(args))
     p = _profile(lists, estimator_name=policy.estimator_name, rule=args.rule, thresholds=policy.thresholds,
                  context_window=config.budget.context_window, egress_max_bytes=args.egress_max_bytes)
-    text = lock_text(build_lock(p))
+    lock = build_lock(p)
+    observed = _observed(args, p, policy.thresholds)
+    text = lock_text(lock if observed is None else with_effective(lock, observed[1]))
     if args.output == "-":
         sys.stdout.write(text)
         return 0
@@ -329,6 +365,10 @@ def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     old = read_lock(args.lock)
+    try:
+        validate_effective(old)
+    except LockError as exc:
+        raise LockError(f"lockfile {args.lock}: {exc}") from None
     estimator_name = old["estimator"]
     if estimator_name not in ESTIMATOR_NAMES:
         raise LockError(f"lockfile {args.lock}: unknown estimator {estimator_name!r}")
@@ -349,8 +389,12 @@ def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         egress_max_bytes=egress if isinstance(egress, int) and egress > 0 else None,
     )
     differences = diff_locks(old, build_lock(p), limits)
-    failed = failing(differences, args.fail_on)
     warnings = client_limit_warnings(p.tool_definitions, p.server_name or "server")
+    observed = _observed(args, p, p.thresholds)  # the lock's thresholds, as for the static tiers
+    if observed is not None:
+        differences = sort_differences(differences + effective_differences(old, observed[1]))
+        warnings += result_size_warnings(observed[1])
+    failed = failing(differences, args.fail_on)
     report = {
         "lock": args.lock,
         "server": p.server_name,
@@ -361,6 +405,8 @@ def cmd_check(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         "differences": [d.to_dict() for d in differences],
         "warnings": [w.to_dict() for w in warnings],
     }
+    if observed is not None:
+        report["observation"] = observation_dict(observed[0])
     print_check(report, differences, warnings, "json" if args.json else "markdown" if args.markdown else "table",
                 sys.stdout)
     return 1 if failed else 0

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from ..core.client_limits import ClientLimitWarning
 from ..core.contract import ServerProfile
 from ..core.lock_diff import CHANGE_CLASSES, Difference
+from ..core.observed import Observed, ToolView, overall_effective_risk
 from ..core.profiles import StaticProfile
 from ..core.risk import RISK_TIERS
+from .observed_source import Observations
 
 #: Control characters (newlines, terminal escapes) must not reach a terminal or break a table row.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -60,12 +62,14 @@ def _limit_text(limit: int | None, source: str) -> str:
 # --------------------------------------------------------------------------- profile
 
 
-def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning]) -> dict[str, Any]:
+def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
+                 observed: tuple[Observations, Sequence[ToolView]] | None = None) -> dict[str, Any]:
+    """The ``--json`` of a profile; with observations, each tool gains ``observed`` and ``effective_risk``."""
     agg = p.aggregate
     others: dict[str, list[dict[str, Any]]] = {"resources": [], "resource_templates": [], "prompts": []}
     for item in p.others:
         others[item.kind].append({"key": item.key, "definition_tokens": item.definition_tokens})
-    return {
+    out: dict[str, Any] = {
         "server": {"name": p.server_name, "version": p.server_version},
         "estimator": p.estimator,
         "rule": p.rule,
@@ -91,6 +95,29 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning]) -> di
         ],
         **others,
     }
+    return out if observed is None else _with_observed(out, *observed)
+
+
+def _observed_dict(o: Observed | None) -> dict[str, Any] | None:
+    return None if o is None else o.to_dict()
+
+
+def observation_dict(obs: Observations) -> dict[str, Any]:
+    return {"source": obs.source, "server": obs.server, "tools_observed": len(obs.tools),
+            "calls": sum(o.calls for o in obs.tools.values()), "other_servers": list(obs.other_servers)}
+
+
+def _with_observed(out: dict[str, Any], obs: Observations, views: Sequence[ToolView]) -> dict[str, Any]:
+    by_name = {v.name: v for v in views if v.static is not None}
+    for tool in out["tools"]:
+        view = by_name[tool["name"]]
+        tool["observed"], tool["effective_risk"] = _observed_dict(view.observed), view.effective_risk
+    out["observation"] = observation_dict(obs)
+    out["effective_risk"] = overall_effective_risk(views)
+    out["bounded_but_observed_large"] = [v.name for v in views if v.bounded_but_large]
+    out["observed_unlisted_tools"] = [{"name": v.name, "observed": _observed_dict(v.observed),
+                                       "effective_risk": v.effective_risk} for v in views if v.static is None]
+    return out
 
 
 def _totals_line(p: ServerProfile) -> str:
@@ -121,8 +148,7 @@ def warning_lines(warnings: Sequence[ClientLimitWarning]) -> list[str]:
     return [f"warning: {plain(w.subject)}: {w.message}" for w in warnings]
 
 
-def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:
-    print(f"server: {plain(_header(p))}", file=out)
+def _static_table(p: ServerProfile, out: TextIO) -> None:
     width = max([4, *(len(plain(t.tool_name)) for t in p.tools)]) + 2
     limits = [_limit_text(t.limit, t.limit_source) for t in p.tools]
     limit_width = max([5, *(len(text) for text in limits)]) + 2
@@ -131,6 +157,72 @@ def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning]
     for t, limit in zip(p.tools, limits, strict=True):
         print(f"  {plain(t.tool_name):<{width}}{t.definition_tokens:>10,}  {t.risk:<10}{_bounded_text(t):<9}"
               f"{_max_text(t):>10}  {limit:<{limit_width}}{plain(t.reason)}", file=out)
+
+
+# --------------------------------------------------------------------------- observed beside static
+
+#: Columns of the table with observations; the right-aligned ones are numbers.
+OBSERVED_HEAD = ("tool", "definition", "static", "bounded", "max tokens", "calls", "p50", "p95", "max seen",
+                 "observed", "effective", "limit", "reason")
+_RIGHT = frozenset({"definition", "max tokens", "calls", "p50", "p95", "max seen"})
+
+
+def _seen_max(o: Observed) -> str:
+    """An exact maximum as it is, a bound as '<=N'."""
+    return f"{o.max:,}" if o.max_exact else f"<={o.max:,}"
+
+
+def observed_rows(views: Sequence[ToolView]) -> list[list[str]]:
+    """One row of OBSERVED_HEAD cells per tool (server-chosen text not yet escaped)."""
+    rows = []
+    for v in views:
+        s, o = v.static, v.observed
+        static = [f"{s.definition_tokens:,}", s.risk, _bounded_text(s), _max_text(s)] if s else [
+            "-", "-", "not listed", "-"]
+        seen = [f"{o.calls:,}", f"{o.p50:,}", f"{o.p95:,}", _seen_max(o), o.risk] if o else [
+            "0", "-", "-", "-", "not observed"]
+        tail = [_limit_text(s.limit, s.limit_source), s.reason] if s else ["-", "observed, not listed by the server"]
+        rows.append([v.name, *static, *seen, v.effective_risk, *tail])
+    return rows
+
+
+def _observed_table(views: Sequence[ToolView], out: TextIO) -> None:
+    rows = [[plain(cell) for cell in row] for row in observed_rows(views)]
+    widths = [max([len(head), *(len(row[i]) for row in rows)]) for i, head in enumerate(OBSERVED_HEAD)]
+    for row in [list(OBSERVED_HEAD), *rows]:
+        cells = [cell.rjust(w) if head in _RIGHT else cell.ljust(w)
+                 for cell, w, head in zip(row, widths, OBSERVED_HEAD, strict=True)]
+        print(("  " + "  ".join(cells)).rstrip(), file=out)
+
+
+def observation_line(obs: Mapping[str, Any]) -> str:
+    """One line saying where the observations come from and what they hold (``observation_dict``)."""
+    if obs["tools_observed"]:
+        return (f"observed: {obs['source']}, server {obs['server']!r}: {obs['tools_observed']} tools, "
+                f"{obs['calls']:,} calls")
+    others = obs["other_servers"]
+    hint = f" (the metrics name {', '.join(repr(s) for s in others)}; choose one with --server)" if others else ""
+    return f"observed: {obs['source']}: no tool calls of server {obs['server']!r}{hint}"
+
+
+def observed_summary(views: Sequence[ToolView]) -> list[str]:
+    """The effective tier over the server, and the tools declared bounded but observed large."""
+    lines = [f"effective risk (static and observed): {overall_effective_risk(views)}"]
+    large = [f"{v.name} (p95 {v.observed.p95:,} tokens, declared max {v.static.max_tokens:,})"
+             for v in views if v.bounded_but_large and v.observed and v.static and v.static.max_tokens is not None]
+    if large:
+        lines.append(f"declared bounded but observed large: {', '.join(large)}")
+    return lines
+
+
+def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO,
+                        observed: tuple[Observations, Sequence[ToolView]] | None = None) -> None:
+    print(f"server: {plain(_header(p))}", file=out)
+    if observed is None:
+        _static_table(p, out)
+    else:
+        print(plain(observation_line(observation_dict(observed[0]))), file=out)
+        _observed_table(observed[1], out)
     print(_totals_line(p), file=out)
     agg = p.aggregate
     line = f"aggregate risk: {agg.overall_risk}"
@@ -139,6 +231,8 @@ def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning]
         if names:
             line += f"; {label}: {', '.join(names)}"
     print(plain(line), file=out)
+    for text in observed_summary(observed[1]) if observed else ():
+        print(plain(text), file=out)
     for text in warning_lines(warnings):
         print(text, file=out)
     recs = _ranked_recommendations(p)
@@ -148,16 +242,33 @@ def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning]
             print(f"- [{tier}] {plain(rec)}", file=out)
 
 
-def print_profile_markdown(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:
-    print(f"### MCP token profile: {md(_header(p))}", file=out)
-    print(file=out)
+def _markdown_table(p: ServerProfile, observed: tuple[Observations, Sequence[ToolView]] | None,
+                    out: TextIO) -> None:
+    if observed is not None:
+        print(md(observation_line(observation_dict(observed[0]))), file=out)
+        print(file=out)
+        print("| " + " | ".join(OBSERVED_HEAD) + " |", file=out)
+        print("|" + "|".join("---:" if h in _RIGHT else "---" for h in OBSERVED_HEAD) + "|", file=out)
+        for row in observed_rows(observed[1]):
+            print("| " + " | ".join([md_code(row[0]), *(md(cell) for cell in row[1:])]) + " |", file=out)
+        return
     print("| tool | definition tokens | risk | bounded | max tokens | limit | reason |", file=out)
     print("|---|---:|---|---|---:|---|---|", file=out)
     for t in p.tools:
         print(f"| {md_code(t.tool_name)} | {t.definition_tokens:,} | {t.risk} | {_bounded_text(t)} | "
               f"{_max_text(t)} | {md(_limit_text(t.limit, t.limit_source))} | {md(t.reason)} |", file=out)
+
+
+def print_profile_markdown(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO,
+                           observed: tuple[Observations, Sequence[ToolView]] | None = None) -> None:
+    print(f"### MCP token profile: {md(_header(p))}", file=out)
+    print(file=out)
+    _markdown_table(p, observed, out)
     print(file=out)
     print(f"**{_totals_line(p).capitalize()}.** Aggregate risk: **{p.aggregate.overall_risk}**.", file=out)
+    for text in observed_summary(observed[1]) if observed else ():
+        print(file=out)
+        print(md(text[0].upper() + text[1:]) + ".", file=out)
     _markdown_warnings(warnings, out)
     recs = _ranked_recommendations(p)
     if recs:
@@ -204,6 +315,9 @@ def print_check(report: dict[str, Any], differences: Sequence[Difference], warni
         print(f"### MCP token contract check: {md(report['server'] or 'server')} against {md_code(report['lock'])}",
               file=out)
         print(file=out)
+        if "observation" in report:
+            print(md(observation_line(report["observation"])), file=out)
+            print(file=out)
         if differences:
             print("| class | kind | subject | change | detail |", file=out)
             print("|---|---|---|---|---|", file=out)
@@ -214,6 +328,8 @@ def print_check(report: dict[str, Any], differences: Sequence[Difference], warni
             print(file=out)
         print(summary(differences, failed, report["fail_on"]), file=out)
         return
+    if "observation" in report:
+        print(plain(observation_line(report["observation"])), file=out)
     if differences:
         subject = max([7, *(len(plain(d.subject)) for d in differences)]) + 2
         change = max([6, *(len(d.change) for d in differences)]) + 2
