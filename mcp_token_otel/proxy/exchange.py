@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import socket
-import ssl
-import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from .http1 import DATA, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError
-from .jsonrpc import BODY, C2S, S2C, SSE
+from .http1 import CHUNK, CLOSED, DATA, END, ERROR, HEAD, Head, Http1Parser, HttpError, Wire
+from .jsonrpc import BODY, C2S, S2C, SSE, dumps
 from .transport import Channel, http_origin
 
 if TYPE_CHECKING:
-    from .http import Relay
+    from .http import Conn, Relay
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
@@ -26,96 +24,30 @@ HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
     b"trailer", b"transfer-encoding", b"upgrade",
 })
-CONNECT_TIMEOUT = 10.0
-#: Request bodies up to this size are read whole and sent with the head in one write (and may be retried
-#: on a fresh upstream connection when a pooled one turns out closed); larger or chunked ones stream.
+#: Request bodies up to this size are read whole and sent with the head in one write; larger or chunked
+#: ones stream.
 SMALL_BODY = 1024 * 1024
-CHUNK = 64 * 1024
-MAX_IDLE_UPSTREAM = 64
-#: Wire event: the peer closed the connection.
-CLOSED = -1
-
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+#: ``error_type`` of a call the upstream never answered: it could not be reached, or it closed the connection
+#: (or sent what is not HTTP) after the request was sent, before the response was whole.
+UNAVAILABLE, CLOSED_EARLY = "upstream_unavailable", "upstream_closed"
+#: The JSON-RPC error code the client gets for such a call (the SDKs' "connection closed").
+GATEWAY_ERROR = -32000
 
 
 class UpstreamBroken(Exception):
     """The upstream failed (reset, EOF, bad framing) after the response started."""
 
 
+class UpstreamFailed(Exception):
+    """No response from the upstream: ``error_type`` says whether it was reached at all."""
+
+    def __init__(self, error_type: str, detail: object) -> None:
+        super().__init__(str(detail) or type(detail).__name__)
+        self.error_type = error_type
+
+
 class ClientGone(Exception):
     """The client left (or was cut off at the body deadline) in the middle of its request body."""
-
-
-class Wire:
-    """The reading side of one connection: bytes from the socket through the parser, events out in order."""
-
-    __slots__ = ("parser", "reader", "transport")
-
-    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport) -> None:
-        self.reader = reader
-        self.parser = parser
-        self.transport = transport  # aborted when a deadline passes
-
-    async def next(self) -> tuple[int, Any]:
-        """The next event (http1.HEAD, DATA, END, ERROR), or CLOSED."""
-        events = self.parser.events
-        while not events:
-            data = await self.reader.read(CHUNK)
-            if not data:
-                return CLOSED, None
-            self.parser.feed(data)
-        return events.popleft()
-
-    @property
-    def spent(self) -> bool:
-        """Nothing read past the message just ended (a connection that may be reused)."""
-        return not self.parser.events and not self.parser.in_head and not self.parser.failed
-
-
-def nodelay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class Upstream:
-    """Where requests go, and a pool of kept-alive connections to it."""
-
-    def __init__(self, url: urllib.parse.SplitResult) -> None:
-        self.host = url.hostname or ""
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if url.scheme == "https" else None
-        self.idle: list[Conn] = []
-
-    async def connect(self) -> Conn:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=MAX_HEAD,
-                                    server_hostname=self.host if self.ssl else None),
-            CONNECT_TIMEOUT)
-        nodelay(writer)
-        return reader, writer
-
-    def take(self) -> Conn | None:
-        while self.idle:
-            reader, writer = self.idle.pop()
-            # Bytes waiting on an idle connection: the upstream is not speaking HTTP we can follow; not reused.
-            if reader.at_eof() or writer.is_closing() or reader._buffer:  # type: ignore[attr-defined]
-                writer.close()
-                continue
-            return reader, writer
-        return None
-
-    def give_back(self, conn: Conn) -> None:
-        if len(self.idle) < MAX_IDLE_UPSTREAM and not conn[1].is_closing():
-            self.idle.append(conn)
-        else:
-            conn[1].close()
-
-    def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
-        self.idle.clear()
 
 
 def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
@@ -132,6 +64,17 @@ def _hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes] | set[by
         else HOP_BY_HOP
 
 
+def request_ids(body: bytes) -> tuple[list[Any], bool]:
+    """The ids of the JSON-RPC requests in a body, and whether it is a batch (nothing readable: none)."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return [], False
+    batch = isinstance(message, list)
+    items = message if batch else [message]
+    return [m["id"] for m in items if isinstance(m, dict) and "method" in m and "id" in m], batch
+
+
 class Exchange:
     """One request of a client connection and its response; :meth:`run` says whether the connection goes on."""
 
@@ -144,7 +87,10 @@ class Exchange:
         self.keep = keep
         self.session_id: str | None = None
         self.tracker: Any = None
-        self.up: Any = None  # the request body's measuring stream
+        self.up: Any = None  # the request body's measuring stream, until the request is measured or dropped
+        self.body = b""  # a body read whole: measured once the upstream accepted it; its ids answer a failure
+        self.streamed = False  # pieces of a streamed body were handed to ``up``
+        self.measured = False  # the request was measured: a failure after it is the call's error
 
     def _upstream_head(self) -> tuple[list[bytes], bool, str | None]:
         """The request head towards the upstream without its framing; whether the client expects a 100
@@ -190,13 +136,14 @@ class Exchange:
             if refusal is not None:  # refused: the proxy answers, the server never sees the call
                 await answer_json(self.writer, refusal, self.keep)
                 return self._unmeasured(self.keep)
+            self.body = body
             out.append(b"content-length: %d\r\n\r\n" % len(body))
             return await self._forward(b"".join(out), body, None)
         if length is not None or chunked:
             out.append(b"content-length: %d\r\n\r\n" % length if length is not None
                        else b"transfer-encoding: chunked\r\n\r\n")
             return await self._forward(b"".join(out), None, self._body())
-        out.append(b"\r\n")  # GET, DELETE...: no body (and a retry on a fresh connection is safe)
+        out.append(b"\r\n")  # GET, DELETE...: no body
         return await self._forward(b"".join(out), b"", None)
 
     def _origin(self) -> dict[str, Any]:
@@ -204,13 +151,25 @@ class Exchange:
         return http_origin(self.request.headers, self.writer.get_extra_info("peername"))
 
     def _unmeasured(self, keep: bool) -> bool:
-        """The exchange ends before the upstream saw it: what was measured is finished."""
-        if self.up is not None:
-            self.measurer.finish(self.up)
-            self.up = None
+        """The exchange ends: a request not measured by now never will be; a session-less tracker closes."""
+        self._measure_request(False)
         if self.tracker is not None and self.session_id is None:
             self.measurer.close_tracker(self.tracker)
         return keep
+
+    def _measure_request(self, accepted: bool) -> None:
+        """Measure the request once the upstream accepted it (a 2xx head) or failed it (no answer: the call
+        happened and failed); a request the upstream refused (413, 400, 415...) is not a call."""
+        up, self.up = self.up, None
+        if up is None:
+            return
+        if accepted:
+            self.measured = True
+            self.measurer.put(up, self.body)
+        elif self.streamed:  # pieces already handed over: marked lost, they are dropped, not measured
+            up.lost = True
+            self.measurer.put(up, b" ")
+        self.measurer.finish(up)
 
     async def _body(self) -> Any:
         """The request body's pieces as they arrive (chunked framing removed), within the body deadline: a
@@ -249,10 +208,12 @@ class Exchange:
             body = relay.injector.rewrite_body(tracker, body, self.request.get(b"baggage"))
         if relay.guard and self.up is not None and (b'"tools/call"' in body or b'"result"' in body):
             # What a guard may refuse (a tools/call) or change (the client's result to a server's request) is
-            # handled before it goes upstream; other requests are measured after the response head, as without
-            # guards (an initialize's span then carries the session it created).
+            # handled before it goes upstream, so it is measured whatever the upstream answers; other requests
+            # are measured after the response head, as without guards (an initialize's span then carries the
+            # session it created).
             forward, reply = self.measurer.message(self.up, body)
             self.up = None  # handled
+            self.measured = True
             if reply is not None:
                 return reply, body
             if forward is not None:
@@ -261,7 +222,7 @@ class Exchange:
 
     async def _forward(self, head: bytes, body: bytes | None, source: Any) -> bool:
         """Send the request upstream and relay its response; True when the client connection goes on."""
-        measurer, request, tracker, session_id = self.measurer, self.request, self.tracker, self.session_id
+        request, session_id = self.request, self.session_id
         conn: Conn | None = None
         reusable = response_started = False
         try:
@@ -272,21 +233,16 @@ class Exchange:
                 return False
             except ClientGone:
                 return False  # nobody to answer
-            except (OSError, asyncio.IncompleteReadError, TimeoutError, UpstreamBroken) as exc:
+            except UpstreamFailed as exc:
                 logger.warning("mcp-token-otel proxy: upstream %s %s failed: %s", request.method.decode("latin-1"),
-                               request.target.decode("latin-1"), exc or type(exc).__name__)
-                await refuse(self.writer, HttpError(502, "Bad Gateway"),
-                             b"mcp-token-otel proxy: upstream unreachable\n")
+                               _path(request.target), exc)
+                self._measure_request(True)  # the call happened, and failed
+                self._failed(exc.error_type)
+                await self._answer_failure(exc.error_type)
                 return False
-            new_session = response.get(b"mcp-session-id")
-            if tracker is not None and session_id is None and new_session:
-                new_id = new_session.decode("latin-1")
-                measurer.set_tracker(tracker, session_key=new_id, session_id=new_id)  # joins the session
-                if self.relay.adopt(new_id, tracker):  # and goes on as it: the session ends once, at its end
-                    self.session_id = new_id
-            if self.up is not None:  # measured after the session is known: the request's span carries it
-                measurer.finish(self.up)
-                self.up = None
+            self.relay.ready = True
+            self._session(response)
+            self._measure_request(200 <= response.status < 300)
             response_started = True
             reusable, completed = await self._respond(response, uwire)
             if session_id is not None and response.status == 404:
@@ -295,8 +251,9 @@ class Exchange:
         except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ValueError) as exc:
             logger.warning("mcp-token-otel proxy: upstream response broken: %s", exc or type(exc).__name__)
             reusable = False
+            self._failed(CLOSED_EARLY)
             if not response_started:
-                await refuse(self.writer, HttpError(502, "Bad Gateway"))
+                await self._answer_failure(CLOSED_EARLY)
             return False
         except (OSError, asyncio.CancelledError):
             reusable = False
@@ -313,50 +270,92 @@ class Exchange:
             if session_id is not None and request.method == b"DELETE":
                 self.relay.end_session(session_id)  # the client ended it, whatever the upstream answered (502)
 
+    def _session(self, response: Head) -> None:
+        """A response that created a session (``initialize``): this exchange's tracker becomes the session's."""
+        new_session = response.get(b"mcp-session-id")
+        tracker = self.tracker
+        if tracker is not None and self.session_id is None and new_session:
+            new_id = new_session.decode("latin-1")
+            self.measurer.set_tracker(tracker, session_key=new_id, session_id=new_id)  # joins the session
+            if self.relay.adopt(new_id, tracker):  # and goes on as it: the session ends once, at its end
+                self.session_id = new_id
+
+    def _failed(self, error_type: str) -> None:
+        """The upstream failed a measured call: each of its requests gets an error of ``error_type`` (counted in
+        the call errors), handed over as the answer the measuring side pairs with the request."""
+        if not self.measured or self.tracker is None:
+            return
+        self.measured = False  # once
+        ids, batch = request_ids(self.body)
+        if not ids:
+            return
+        errors = [{"jsonrpc": "2.0", "id": i, "error": {"code": error_type, "message": _REASONS[error_type]}}
+                  for i in ids]
+        stream = self.measurer.stream(self.tracker, S2C, BODY)
+        self.measurer.put(stream, dumps(errors if batch else errors[0]))
+        self.measurer.finish(stream)
+
+    async def _answer_failure(self, error_type: str) -> None:
+        """What the client gets when the upstream never answered: 502 with a JSON-RPC error per request."""
+        ids, batch = request_ids(self.body) if self.body else ([], False)
+        error = {"code": GATEWAY_ERROR, "message": _REASONS[error_type]}
+        errors = [{"jsonrpc": "2.0", "id": i, "error": error} for i in ids] or [
+            {"jsonrpc": "2.0", "id": None, "error": error}]
+        await answer_json(self.writer, dumps(errors if batch else errors[0]), False, b"502 Bad Gateway")
+
     async def _send(self, head: bytes, body: bytes | None, source: Any) -> tuple[Conn, Head, Wire]:
-        """Send the request upstream and read the response head (1xx answers are skipped, not relayed)."""
-        upstream, up, measurer, chunked = self.relay.upstream, self.up, self.measurer, self.request.chunked
-        pooled = upstream.take()
-        for attempt in (0, 1):
-            conn = pooled if pooled is not None and attempt == 0 else await upstream.connect()
-            ureader, uwriter = conn
+        """Send the request upstream and read the response head (1xx answers are skipped, not relayed). Sent
+        once: a request the upstream may have received is never sent again (a tool would run twice)."""
+        upstream = self.relay.upstream
+        first = head + body if body is not None and len(body) <= CHUNK else head
+        conn = upstream.take()  # an idle connection found closed is never used
+        if conn is not None:
+            conn[1].write(first)
+            if conn[1].transport.is_closing():  # the write failed at once: not a byte left, safe to send anew
+                conn[1].close()
+                conn = None
+        if conn is None:
             try:
-                if body is not None:
-                    if up is not None and body and attempt == 0:
-                        measurer.put(up, body)
-                    uwriter.write(head + body if len(body) <= CHUNK else head)
-                    if len(body) > CHUNK:
-                        uwriter.write(body)
-                else:
-                    uwriter.write(head)
-                    async for data in source:
-                        if up is not None:
-                            measurer.put(up, data)
-                        uwriter.write(b"%x\r\n" % len(data) + data + b"\r\n" if chunked else data)
-                        await uwriter.drain()
-                    if chunked:
-                        uwriter.write(b"0\r\n\r\n")
+                conn = await upstream.connect()
+            except (OSError, TimeoutError) as exc:
+                raise UpstreamFailed(UNAVAILABLE, exc) from None
+            conn[1].write(first)
+        ureader, uwriter = conn
+        try:
+            await self._send_rest(uwriter, head, body, source)
+            uwire = Wire(ureader, Http1Parser(response=True), uwriter.transport)
+            while True:
+                kind, value = await uwire.next()
+                if kind == HEAD and not (100 <= value.status < 200 and value.status != 101):
+                    return conn, value, uwire
+                if kind == ERROR:
+                    raise UpstreamFailed(CLOSED_EARLY, f"bad response head: {value.reason}")
+                if kind == CLOSED:
+                    raise UpstreamFailed(CLOSED_EARLY, "closed before answering")
+                # an interim answer (100 Continue...) and its end: not relayed
+        except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+            uwriter.close()
+            raise UpstreamFailed(CLOSED_EARLY, exc) from None
+        except BaseException:
+            uwriter.close()
+            raise
+
+    async def _send_rest(self, uwriter: asyncio.StreamWriter, head: bytes, body: bytes | None, source: Any) -> None:
+        """After the first write (the head, with a small body): the rest of the body."""
+        up, measurer, chunked = self.up, self.measurer, self.request.chunked
+        if body is not None:
+            if len(body) > CHUNK:
+                uwriter.write(body)
+        else:
+            async for data in source:
+                if up is not None:
+                    measurer.put(up, data)
+                    self.streamed = True
+                uwriter.write(b"%x\r\n" % len(data) + data + b"\r\n" if chunked else data)
                 await uwriter.drain()
-                uwire = Wire(ureader, Http1Parser(response=True), uwriter.transport)
-                while True:
-                    kind, value = await uwire.next()
-                    if kind == HEAD and not (100 <= value.status < 200 and value.status != 101):
-                        return conn, value, uwire
-                    if kind == ERROR:
-                        raise UpstreamBroken(f"bad response head: {value.reason}")
-                    if kind == CLOSED:
-                        raise asyncio.IncompleteReadError(b"", None)
-                    # an interim answer (100 Continue...) and its end: not relayed
-            except (ConnectionError, asyncio.IncompleteReadError) as exc:
-                uwriter.close()
-                # A pooled connection the upstream had closed: once more on a fresh one when the body allows.
-                if conn is pooled and attempt == 0 and body is not None:
-                    continue
-                raise UpstreamBroken(str(exc) or type(exc).__name__) from None
-            except BaseException:
-                uwriter.close()
-                raise
-        raise UpstreamBroken("no connection")
+            if chunked:
+                uwriter.write(b"0\r\n\r\n")
+        await uwriter.drain()
 
     def _response_head(self, response: Head) -> tuple[list[bytes], bool]:
         """The response head towards the client, as lines; whether the response has no body."""
@@ -506,9 +505,8 @@ async def _until_done_or_gone(pump: Any, watch: Any, gone: asyncio.Event) -> boo
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     try:
-        pumping.result()
-    except (UpstreamBroken, asyncio.IncompleteReadError, HttpError, ConnectionError, OSError) as exc:
-        logger.warning("mcp-token-otel proxy: upstream stream broken: %s", exc or type(exc).__name__)
+        pumping.result()  # the upstream breaking (UpstreamBroken) is the caller's to handle
+    except (ConnectionError, OSError):  # writing to the client failed: it is gone
         return False
     return True
 
@@ -516,7 +514,10 @@ async def _until_done_or_gone(pump: Any, watch: Any, gone: asyncio.Event) -> boo
 async def _upstream_body(uwire: Wire, until_eof: bool) -> Any:
     """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
     while True:
-        kind, value = await uwire.next()
+        try:
+            kind, value = await uwire.next()
+        except (ConnectionError, OSError) as exc:  # reset by the upstream
+            raise UpstreamBroken(str(exc) or type(exc).__name__) from None
         if kind == DATA:
             yield value
         elif kind == END:
@@ -529,11 +530,19 @@ async def _upstream_body(uwire: Wire, until_eof: bool) -> Any:
             raise UpstreamBroken(f"bad response body: {value.reason}")
 
 
-async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool) -> None:
-    """The proxy's own answer to a POST (a refused tools/call): 200, one JSON-RPC response."""
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool, status: bytes = b"200 OK") -> None:
+    """The proxy's own answer to a POST: a refused tools/call (200), an upstream that never answered (502)."""
+    writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
                  + (b"" if keep else b"connection: close\r\n") + b"\r\n" + body)
     await writer.drain()
+
+
+_REASONS = {UNAVAILABLE: "upstream unavailable", CLOSED_EARLY: "upstream closed the connection before answering"}
+
+
+def _path(target: bytes) -> str:
+    """A request target for a log line: its path (a query may carry credentials)."""
+    return target.split(b"?", 1)[0].decode("latin-1")
 
 
 async def refuse(writer: asyncio.StreamWriter, exc: HttpError, body: bytes | None = None) -> None:

@@ -27,13 +27,15 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import urllib.parse
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from .exchange import CHUNK, Exchange, Upstream, Wire, refuse
-from .http1 import END, ERROR, HEAD, MAX_HEAD, Http1Parser, HttpError
+from ..core.redact import redact_url
+from .exchange import Exchange, refuse
+from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire
 from .inject import Injector
 from .jsonrpc import A_SERVER_NAME
 from .telemetry import StartupError, check_port_free
@@ -41,8 +43,17 @@ from .telemetry import StartupError, check_port_free
 logger = logging.getLogger("mcp_token_otel.proxy")
 
 MAX_SESSIONS = 10_000
-#: Open client connections at most; beyond, new ones are answered 503 and closed.
+#: Open client connections at most (``HttpProxy(max_connections=...)``); beyond, new ones are answered 503 and
+#: closed. No one client address may hold more than PEER_SHARE of them (``peer_share``), so that one client's
+#: slow or stuck connections cannot lock the others out.
 MAX_CONNECTIONS = 1024
+PEER_SHARE = 0.5
+#: Paths the proxy answers itself, never forwarded: readiness (the upstream answered once) and liveness.
+READY_PATH, LIVE_PATH = b"/readyz", b"/livez"
+CONNECT_TIMEOUT = 10.0
+MAX_IDLE_UPSTREAM = 64
+
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 #: Seconds a client has to send a whole request head once it started one; an idle keep-alive connection
 #: is closed after KEEPALIVE_IDLE seconds without a new request.
 HEADER_TIMEOUT = 10.0
@@ -64,15 +75,16 @@ class HttpProxy:
     network = "tcp"
 
     def __init__(self, upstream: str, host: str, port: int, *, name: str | None = None,
-                 inject: bool = False, body_timeout: float = BODY_TIMEOUT) -> None:
+                 inject: bool = False, body_timeout: float = BODY_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 peer_share: float = PEER_SHARE) -> None:
         try:
             url = urllib.parse.urlsplit(upstream)
             upstream_port = url.port  # ValueError when out of range or not a number
         except ValueError:
             url, upstream_port = urllib.parse.urlsplit(""), None
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise StartupError(f"--upstream: expected an http:// or https:// URL, got {upstream!r}")
-        self.upstream = upstream
+            raise StartupError(f"--upstream: expected an http:// or https:// URL, got {redact_url(upstream)!r}")
+        self.upstream = redact_url(upstream)  # what messages show: never its credentials
         self.url = url
         self.upstream_host = url.hostname
         self.upstream_port = upstream_port or (443 if url.scheme == "https" else 80)
@@ -80,13 +92,14 @@ class HttpProxy:
         self.name: str = name or url.hostname
         self.inject = inject
         self.body_timeout = body_timeout
+        self.max_connections = max_connections
+        #: At most this many connections from one client address (at least one).
+        self.per_peer = max(1, int(max_connections * peer_share))
 
     def check(self) -> None:
+        """The listening port is free. The upstream need not be up: until it answers, requests get 502 and
+        ``/readyz`` 503 (a sidecar may start before its server)."""
         check_port_free(self.host, self.port, "the proxy")
-        try:
-            socket.create_connection((self.upstream_host, self.upstream_port), timeout=5).close()
-        except OSError as exc:
-            raise StartupError(f"upstream unreachable: {self.upstream} ({exc.strerror or exc})") from None
 
     def run(self, telemetry: Any) -> int:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -138,6 +151,9 @@ class Relay:
         self.upstream = Upstream(proxy.url)
         self.sessions: OrderedDict[str, Any] = OrderedDict()
         self.connections: set[asyncio.Task[Any]] = set()
+        self.peers: Counter[str] = Counter()  # open connections by client address
+        #: The upstream answered once (``/readyz``).
+        self.ready = False
         self.idle: set[asyncio.Task[Any] | None] = set()
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
         #: Guards on (guard.py): a request body that may be refused is guarded whole before it goes upstream.
@@ -201,13 +217,16 @@ class Relay:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self.connections) >= MAX_CONNECTIONS:
+        peername = writer.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) else ""
+        if len(self.connections) >= self.proxy.max_connections or self.peers[peer] >= self.proxy.per_peer:
             busy = b"mcp-token-otel proxy: too many connections\n"
             await refuse(writer, HttpError(503, "Service Unavailable"), busy)
             await _linger(reader, writer)
             writer.close()
             return
         self.connections.add(task)
+        self.peers[peer] += 1
         try:
             await self._connection(Wire(reader, Http1Parser(), writer.transport), writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError):
@@ -218,6 +237,9 @@ class Relay:
             logger.exception("mcp-token-otel proxy: connection failed")
         finally:
             self.connections.discard(task)
+            self.peers[peer] -= 1
+            if not self.peers[peer]:
+                del self.peers[peer]
             writer.close()
 
     async def _connection(self, wire: Wire, writer: asyncio.StreamWriter) -> None:
@@ -258,10 +280,80 @@ class Relay:
             if kind != HEAD:
                 return  # closed (too slow: aborted, or gone) without an answer
             keep = head.version == b"HTTP/1.1" and head.keep_alive
-            if not await Exchange(self, wire, writer, head, keep).run():
+            if head.target.split(b"?", 1)[0] in (READY_PATH, LIVE_PATH) and head.method in (b"GET", b"HEAD"):
+                if not await self._health(head, writer, keep):
+                    return
+            elif not await Exchange(self, wire, writer, head, keep).run():
                 return
             timeout = KEEPALIVE_IDLE
 
+
+    async def _health(self, head: Head, writer: asyncio.StreamWriter, keep: bool) -> bool:
+        """``/livez``: 200 while the proxy serves. ``/readyz``: 200 once the upstream answered (a request, or
+        this probe's connection to it), else 503. Answered here, never forwarded."""
+        if head.target.startswith(READY_PATH) and not self.ready:
+            with contextlib.suppress(OSError, TimeoutError):
+                await self.upstream.probe()
+                self.ready = True
+        ok = self.ready or head.target.startswith(LIVE_PATH)
+        body = b"ok\n" if ok else b"upstream not answering yet\n"
+        writer.write((b"HTTP/1.1 200 OK" if ok else b"HTTP/1.1 503 Service Unavailable")
+                     + b"\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n" % len(body)
+                     + (b"" if keep else b"connection: close\r\n") + b"\r\n"
+                     + (b"" if head.method == b"HEAD" else body))
+        await writer.drain()
+        return keep and head.length in (None, 0) and not head.chunked
+
+
+class Upstream:
+    """Where requests go, and a pool of kept-alive connections to it."""
+
+    def __init__(self, url: urllib.parse.SplitResult) -> None:
+        self.host = url.hostname or ""
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if url.scheme == "https" else None
+        self.idle: list[Conn] = []
+
+    async def connect(self) -> Conn:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port, ssl=self.ssl, limit=MAX_HEAD,
+                                    server_hostname=self.host if self.ssl else None),
+            CONNECT_TIMEOUT)
+        nodelay(writer)
+        return reader, writer
+
+    async def probe(self) -> None:
+        """Connect once, and go: the upstream is there (raises OSError or TimeoutError when not)."""
+        _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 2.0)
+        writer.close()
+
+    def take(self) -> Conn | None:
+        while self.idle:
+            reader, writer = self.idle.pop()
+            # Bytes waiting on an idle connection: the upstream is not speaking HTTP we can follow; not reused.
+            if reader.at_eof() or writer.is_closing() or reader._buffer:  # type: ignore[attr-defined]
+                writer.close()
+                continue
+            return reader, writer
+        return None
+
+    def give_back(self, conn: Conn) -> None:
+        if len(self.idle) < MAX_IDLE_UPSTREAM and not conn[1].is_closing():
+            self.idle.append(conn)
+        else:
+            conn[1].close()
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+def nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -9,6 +9,7 @@ in header names); the limits on a head's size and field count are checked here.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,12 @@ import httptools
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 
-#: Event kinds: a message's head, a piece of its body (chunked framing removed), its end, a refusal.
+#: Event kinds: a message's head, a piece of its body (chunked framing removed), its end, a refusal; and,
+#: from :meth:`Wire.next` only, the peer closed the connection.
 HEAD, DATA, END, ERROR = range(4)
+CLOSED = -1
+#: Bytes read from a socket at a time.
+CHUNK = 64 * 1024
 
 
 class HttpError(Exception):
@@ -158,3 +163,29 @@ class Http1Parser:
 
     def on_message_complete(self) -> None:
         self.events.append((END, None))
+
+
+class Wire:
+    """The reading side of one connection: bytes from the socket through the parser, events out in order."""
+
+    __slots__ = ("parser", "reader", "transport")
+
+    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport) -> None:
+        self.reader = reader
+        self.parser = parser
+        self.transport = transport  # aborted when a deadline passes
+
+    async def next(self) -> tuple[int, Any]:
+        """The next event (HEAD, DATA, END, ERROR), or CLOSED."""
+        events = self.parser.events
+        while not events:
+            data = await self.reader.read(CHUNK)
+            if not data:
+                return CLOSED, None
+            self.parser.feed(data)
+        return events.popleft()
+
+    @property
+    def spent(self) -> bool:
+        """Nothing read past the message just ended (a connection that may be reused)."""
+        return not self.parser.events and not self.parser.in_head and not self.parser.failed

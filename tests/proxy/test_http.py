@@ -270,14 +270,8 @@ def test_sse_stream_relayed_as_it_arrives_and_client_disconnect() -> None:
 
 
 def test_startup_errors_http() -> None:
+    """An unreachable upstream is no start-up error (test_http_faults: the proxy starts and answers 502)."""
     env = {**os.environ, **proxy_env()}
-    dead = free_port()
-    unreachable = subprocess.run(proxy_argv("--listen", f"127.0.0.1:{free_port()}", "--upstream",
-                                            f"http://127.0.0.1:{dead}/mcp"),
-                                 capture_output=True, text=True, env=env, timeout=30)
-    assert unreachable.returncode == 2
-    (line,) = unreachable.stderr.strip().splitlines()
-    assert line.startswith(f"mcp-token-otel proxy: error: upstream unreachable: http://127.0.0.1:{dead}/mcp")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

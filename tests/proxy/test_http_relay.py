@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import subprocess
 import sys
+import types
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -81,7 +82,7 @@ class _Counting:
     def __getattr__(self, name: str) -> Any:
         def call(*_args: Any, **_kwargs: Any) -> object:
             self.calls += 1
-            return object()
+            return types.SimpleNamespace()  # a stream or tracker handle
 
         return call
 
@@ -115,7 +116,6 @@ async def _exchange(port: int, data: bytes) -> bytes:
 
 def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(relay_module, "HEADER_TIMEOUT", 0.3)
-    monkeypatch.setattr(relay_module, "MAX_CONNECTIONS", 3)
     with _serve(_echo_app) as upstream_port:
         async def work(port: int) -> dict[str, Any]:
             out: dict[str, Any] = {}
@@ -135,7 +135,7 @@ def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
                 writer.close()
             return out
 
-        out = asyncio.run(_with_relay(upstream_port, work))
+        out = asyncio.run(_with_relay(upstream_port, work, max_connections=3, peer_share=1.0))
     assert out["slow"] == b""
     assert out["huge"].startswith(b"HTTP/1.1 431 ")
     assert out["smuggle"].startswith(b"HTTP/1.1 400 ")
