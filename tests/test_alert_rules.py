@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mcp_token_otel.catalog import DEFINITION_PARTS, WASTE_KINDS
 from mcp_token_otel.core.guard import ACTIONS, POLICIES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +56,11 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_guard_actions_total": {"side", "server", "policy", "action", "enforced", "tool"},
     "mcp_token_cost_usd_total": {"side", "server", "tool"},
     "mcp_token_unbudgeted_tokens_total": {"side", "server"},
+    "mcp_token_tool_definitions_part_tokens": {"server", "part"},
+    "mcp_token_tool_static_max_tokens": {"server", "tool"},
+    "mcp_token_prompt_cache_invalidations_total": {"side", "server"},
+    "mcp_token_prompt_cache_resent_tokens_total": {"side", "server"},
+    "mcp_token_wasted_tokens_total": {"side", "server", "tool", "kind"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}
@@ -69,6 +75,8 @@ LABEL_VALUES: dict[str, set[str]] = {
     "policy": set(POLICIES),  # the guard engine's own lists: a renamed policy breaks the rules' matchers here
     "action": set(ACTIONS),
     "enforced": {"true", "false"},
+    "part": set(DEFINITION_PARTS),
+    "kind": set(WASTE_KINDS),
 }
 
 

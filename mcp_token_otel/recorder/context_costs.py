@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 #: Recent call digests kept per session, and tools with a repeated call awaiting its response.
 MAX_RECENT = 32
 _SCHEMA_KEYS = ("inputSchema", "outputSchema")
+#: One encoder, made once (json.dumps with options builds a new one per call).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
 @dataclass(slots=True)
@@ -94,7 +96,7 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
                     static_max[label] = worst
     other = max(0, total - described - schema)  # parts are estimated apart: never a negative remainder
     parts = dict(zip(DEFINITION_PARTS, (described, schema, other), strict=True))
-    digest = hash(json.dumps(seen, sort_keys=True, separators=(",", ":"), default=str))
+    digest = hash(_CANONICAL.encode(seen))
     return ToolList(total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
 
 
@@ -111,8 +113,9 @@ class ContextCosts:
         its response."""
         if tool is None or not isinstance(params, Mapping):
             return
+        arguments = params.get("arguments")
         try:
-            digest = hash((tool, json.dumps(params.get("arguments"), sort_keys=True, default=str)))
+            digest = hash((tool, _CANONICAL.encode(arguments) if arguments else ""))
         except Exception:  # arguments JSON cannot hold (a circular structure): not compared
             self._fault("metrics")
             return
