@@ -13,6 +13,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
+from .console_output import STDIO_SERVER, ConsoleGuard, console_exporter_classes
+
 logger = logging.getLogger(__name__)
 
 #: Marker attribute on what the shim adds to SDK objects (its server middleware, its state on a request), so
@@ -26,13 +28,26 @@ Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 class Hooks:
     """The SDK attributes an adapter wraps (wrapt ``FunctionWrapper``s, on class methods, ``__init__`` and module
     functions alike). ``remove`` takes out only our own wrappers: one another library added over ours later stays
-    in place and keeps working, and an attribute nobody else touched is restored to its original object."""
+    in place and keeps working, and an attribute nobody else touched is restored to its original object.
+
+    A hook on ``stdio_server`` also moves OpenTelemetry's console exporters to standard error once a server
+    serves on this process's stdout (console_output.py): their output would corrupt the protocol stream."""
 
     def __init__(self) -> None:
         self._handles: list[tuple[Any, str, Any]] = []
+        self._console: ConsoleGuard | None = None
 
     def wrap(self, owner: Any, name: str, wrapper: Wrapper) -> None:
+        if name == STDIO_SERVER:  # it serves MCP on stdout: console exporters must not write there from then on
+            wrapper = self._console_guard().serving_stdio(wrapper)
         self._handles.append((owner, name, wrapt.wrap_function_wrapper(owner, name, wrapper)))
+
+    def _console_guard(self) -> ConsoleGuard:
+        if self._console is None:
+            self._console = ConsoleGuard()
+            for exporter in console_exporter_classes():
+                self.wrap(exporter, "export", self._console.export)
+        return self._console
 
     def remove(self) -> None:
         for owner, name, handle in reversed(self._handles):
@@ -43,6 +58,7 @@ class Hooks:
                 # its shim, inactive from now on, passes every call straight through.
                 logger.debug("mcp_token_otel: %r.%s is wrapped over ours; left as a pass-through", owner, name)
         self._handles.clear()
+        self._console = None
 
 
 class Shim(Protocol):
