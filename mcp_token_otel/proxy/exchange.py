@@ -11,7 +11,23 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .http1 import CHUNK, CLOSED, DATA, END, ERROR, HEAD, Head, Http1Parser, HttpError, Wire
+from .http1 import (
+    CHUNK,
+    CLOSED,
+    DATA,
+    END,
+    ERROR,
+    HEAD,
+    Head,
+    Http1Parser,
+    HttpError,
+    UpstreamBroken,
+    Wire,
+    answer_json,
+    hop_by_hop,
+    refuse,
+    upstream_body,
+)
 from .jsonrpc import BODY, C2S, S2C, SSE, dumps
 from .transport import Channel, http_origin
 
@@ -20,10 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mcp_token_otel.proxy")
 
-HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
-    b"trailer", b"transfer-encoding", b"upgrade",
-})
 #: Request bodies up to this size are read whole and sent with the head in one write; larger or chunked
 #: ones stream.
 SMALL_BODY = 1024 * 1024
@@ -32,10 +44,6 @@ SMALL_BODY = 1024 * 1024
 UNAVAILABLE, CLOSED_EARLY = "upstream_unavailable", "upstream_closed"
 #: The JSON-RPC error code the client gets for such a call (the SDKs' "connection closed").
 GATEWAY_ERROR = -32000
-
-
-class UpstreamBroken(Exception):
-    """The upstream failed (reset, EOF, bad framing) after the response started."""
 
 
 class UpstreamFailed(Exception):
@@ -48,20 +56,6 @@ class UpstreamFailed(Exception):
 
 class ClientGone(Exception):
     """The client left (or was cut off at the body deadline) in the middle of its request body."""
-
-
-def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
-    """Header names listed in Connection (hop-by-hop too, RFC 9110 7.6.1)."""
-    out: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            out.update(t.strip().lower() for t in value.split(b","))
-    return out
-
-
-def _hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes] | set[bytes]:
-    return HOP_BY_HOP | connection_tokens(headers) if any(n.lower() == b"connection" for n, _ in headers) \
-        else HOP_BY_HOP
 
 
 def request_ids(body: bytes) -> tuple[list[Any], bool]:
@@ -96,7 +90,7 @@ class Exchange:
         """The request head towards the upstream without its framing; whether the client expects a 100
         Continue; the protocol version it named."""
         request = self.request
-        drop = _hop_by_hop(request.headers)
+        drop = hop_by_hop(request.headers)
         out = [request.method + b" " + request.target + b" HTTP/1.1\r\n"]
         expect = False
         version: str | None = None
@@ -361,7 +355,7 @@ class Exchange:
         """The response head towards the client, as lines; whether the response has no body."""
         status, rheaders = response.status, response.headers
         no_body = self.request.method == b"HEAD" or status in (204, 304)
-        drop = _hop_by_hop(rheaders)
+        drop = hop_by_hop(rheaders)
         rout = [b"HTTP/1.1 %d " % status + response.reason + b"\r\n"]
         rout += [n + b": " + v + b"\r\n" for n, v in rheaders if n.lower() not in drop]
         if not no_body and response.length is None and self.keep:
@@ -382,7 +376,7 @@ class Exchange:
             await writer.drain()
             return reusable, True
         channel = self._response_channel(response)
-        source = _upstream_body(uwire, rlength is None and not response.chunked)
+        source = upstream_body(uwire, rlength is None and not response.chunked)
         if channel is not None and channel.holds_body and rlength is not None:
             # Guards on: a JSON body is held whole, guarded, then sent (re-serialised: its own length).
             body = b"".join([piece async for piece in source])
@@ -511,45 +505,9 @@ async def _until_done_or_gone(pump: Any, watch: Any, gone: asyncio.Event) -> boo
     return True
 
 
-async def _upstream_body(uwire: Wire, until_eof: bool) -> Any:
-    """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
-    while True:
-        try:
-            kind, value = await uwire.next()
-        except (ConnectionError, OSError) as exc:  # reset by the upstream
-            raise UpstreamBroken(str(exc) or type(exc).__name__) from None
-        if kind == DATA:
-            yield value
-        elif kind == END:
-            return
-        elif kind == CLOSED:
-            if until_eof:
-                return
-            raise UpstreamBroken("upstream closed before the end of the body")
-        elif kind == ERROR:
-            raise UpstreamBroken(f"bad response body: {value.reason}")
-
-
-async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool, status: bytes = b"200 OK") -> None:
-    """The proxy's own answer to a POST: a refused tools/call (200), an upstream that never answered (502)."""
-    writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
-                 + (b"" if keep else b"connection: close\r\n") + b"\r\n" + body)
-    await writer.drain()
-
-
 _REASONS = {UNAVAILABLE: "upstream unavailable", CLOSED_EARLY: "upstream closed the connection before answering"}
 
 
 def _path(target: bytes) -> str:
     """A request target for a log line: its path (a query may carry credentials)."""
     return target.split(b"?", 1)[0].decode("latin-1")
-
-
-async def refuse(writer: asyncio.StreamWriter, exc: HttpError, body: bytes | None = None) -> None:
-    """Answer with an error and close (the connection's state is unknown after it)."""
-    text = body if body is not None else f"mcp-token-otel proxy: {exc.reason}\n".encode()
-    with contextlib.suppress(Exception):
-        writer.write(b"HTTP/1.1 %d " % exc.status + exc.reason.encode("latin-1")
-                     + b"\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(text)
-                     + text)
-        await writer.drain()

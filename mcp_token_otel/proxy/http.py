@@ -34,8 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.redact import redact_url
-from .exchange import Exchange, refuse
-from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire
+from .exchange import Exchange
+from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire, refuse
 from .inject import Injector
 from .jsonrpc import A_SERVER_NAME
 from .telemetry import StartupError, check_port_free

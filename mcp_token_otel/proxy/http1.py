@@ -10,6 +10,7 @@ in header names); the limits on a head's size and field count are checked here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,10 @@ MAX_HEADERS = 100
 #: from :meth:`Wire.next` only, the peer closed the connection.
 HEAD, DATA, END, ERROR = range(4)
 CLOSED = -1
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade",
+})
 #: Bytes read from a socket at a time.
 CHUNK = 64 * 1024
 
@@ -189,3 +194,57 @@ class Wire:
     def spent(self) -> bool:
         """Nothing read past the message just ended (a connection that may be reused)."""
         return not self.parser.events and not self.parser.in_head and not self.parser.failed
+
+
+async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool, status: bytes = b"200 OK") -> None:
+    """The proxy's own answer to a POST: a refused tools/call (200), an upstream that never answered (502)."""
+    writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+                 + (b"" if keep else b"connection: close\r\n") + b"\r\n" + body)
+    await writer.drain()
+
+
+async def refuse(writer: asyncio.StreamWriter, exc: HttpError, body: bytes | None = None) -> None:
+    """Answer with an error and close (the connection's state is unknown after it)."""
+    text = body if body is not None else f"mcp-token-otel proxy: {exc.reason}\n".encode()
+    with contextlib.suppress(Exception):
+        writer.write(b"HTTP/1.1 %d " % exc.status + exc.reason.encode("latin-1")
+                     + b"\r\ncontent-type: text/plain\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(text)
+                     + text)
+        await writer.drain()
+
+
+class UpstreamBroken(Exception):
+    """The upstream failed (reset, EOF, bad framing) after the response started."""
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    """Header names listed in Connection (hop-by-hop too, RFC 9110 7.6.1)."""
+    out: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            out.update(t.strip().lower() for t in value.split(b","))
+    return out
+
+
+def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes] | set[bytes]:
+    return HOP_BY_HOP | connection_tokens(headers) if any(n.lower() == b"connection" for n, _ in headers) \
+        else HOP_BY_HOP
+
+
+async def upstream_body(uwire: Wire, until_eof: bool) -> Any:
+    """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
+    while True:
+        try:
+            kind, value = await uwire.next()
+        except (ConnectionError, OSError) as exc:  # reset by the upstream
+            raise UpstreamBroken(str(exc) or type(exc).__name__) from None
+        if kind == DATA:
+            yield value
+        elif kind == END:
+            return
+        elif kind == CLOSED:
+            if until_eof:
+                return
+            raise UpstreamBroken("upstream closed before the end of the body")
+        elif kind == ERROR:
+            raise UpstreamBroken(f"bad response body: {value.reason}")
