@@ -159,7 +159,8 @@ def test_text_that_is_not_base64(text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "raw", [png_header(0xFFFFFFFF, 0xFFFFFFFF), png_header(1, 0x7FFFFFFF), gif(65535, 65535), webp_vp8x(1 << 24, 1 << 24)]
+    "raw",
+    [png_header(0xFFFFFFFF, 0xFFFFFFFF), png_header(1, 0x7FFFFFFF), gif(65535, 65535), webp_vp8x(1 << 24, 1 << 24)],
 )
 def test_lying_dimensions_are_bounded(raw: bytes) -> None:
     info = image_info(b64(raw))
@@ -241,7 +242,8 @@ def test_wav_block_counts_its_duration() -> None:
 
 
 def test_prompt_message_image_is_counted_by_dimensions() -> None:
-    result = {"messages": [{"role": "user", "content": {"type": "image", "data": b64(gif(100, 100)), "mimeType": "image/gif"}}]}
+    image = {"type": "image", "data": b64(gif(100, 100)), "mimeType": "image/gif"}
+    result = {"messages": [{"role": "user", "content": image}]}
     m = measure_result("prompts/get", result)
     assert m.blocks[0].type == "message:image" and m.blocks[0].data_tokens == 14
 

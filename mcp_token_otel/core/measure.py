@@ -8,7 +8,7 @@ Input side (what the model wrote to make the call):
 
 Output side (what enters the context), block by block. The overhead rule:
     * **data** is what the tool returns for the model to use: a text block's ``text``, an image or audio
-      block's base64 ``data``, an embedded resource's ``text``/``blob``, a resource link's uri, name, title
+      block's ``data`` (see below), an embedded resource's ``text``/``blob``, a resource link's uri, name, title
       and description, a tool/prompt/resource definition's descriptive fields (``tools/list`` counts name,
       description, inputSchema and outputSchema: schemas cost context too), a prompt message's content,
       a JSON-RPC error's code, message and data, and a whole result that is none of these (primitives);
@@ -18,9 +18,11 @@ Output side (what enters the context), block by block. The overhead rule:
       result fields (``isError``, ``nextCursor``...) when the result carries a recognised payload;
     * ``overhead_ratio = overhead_tokens / total_tokens``, in [0, 1] (0 for an empty message).
 
-Binary blocks are counted as their base64 text: that is what a client that cannot pass media natively
-inserts, and the upper bound for one that can. Nothing here raises: odd input yields an estimate with a
-``reason``.
+Media: an image block counts the tokens its dimensions cost under ``Policy.image_tokens`` (read from the
+header only, see core/media.py), a WAV audio block the tokens of its duration. An image whose header cannot
+be read, and audio in any other format (no duration in a fixed header), count their base64 text, the upper
+bound, and say so in ``reason``; so does every media block under the rule "base64". Embedded resource blobs
+count their base64 text. Nothing here raises: odd input yields an estimate with a ``reason``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from .estimation import estimate_tokens
+from .media import DEFAULT_IMAGE_RULE, ImageRule, media_tokens
 from .payload import ZERO, Estimator, Size, size_text, size_value
 from .risk import (
     BREACH_TIERS,
@@ -63,12 +66,14 @@ _NOT_RESULT_FIELDS = _RESULT_PAYLOAD_KEYS | {"_meta"}
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """How messages are measured and judged: the estimator, tier thresholds, overhead limit."""
+    """How messages are measured and judged: the estimator, image rule, tier thresholds, overhead limit."""
 
     estimator: Estimator = estimate_tokens
     estimator_name: str = "default"
     thresholds: RiskThresholds = DEFAULT_THRESHOLDS
     max_overhead_ratio: float = DEFAULT_MAX_OVERHEAD_RATIO
+    #: How an image block is counted: "area", "tiles", "patches" or "base64" (core/media.py).
+    image_tokens: ImageRule = DEFAULT_IMAGE_RULE
 
 
 DEFAULT_POLICY = Policy()
@@ -301,7 +306,7 @@ def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str,
         b.add(label, data, b.value(rest) if rest else ZERO)
         return (text, data) if isinstance(text, str) else None
     if kind in ("image", "audio"):
-        b.split(label, blk, ("data",))
+        _media_block(b, blk, label, kind)
     elif kind == "resource_link":
         b.split(label, blk, ("uri", "name", "title", "description"))
     elif kind == "resource":
@@ -309,6 +314,21 @@ def _content_block(b: _Builder, block: Any, type_prefix: str = "") -> tuple[str,
     else:
         b.add(label, b.value(blk))
     return None
+
+
+def _media_block(b: _Builder, blk: Mapping[str, Any], label: str, kind: str) -> None:
+    """An image or audio block: its data counts what the picture or sound costs when its header says."""
+    data = blk.get("data")
+    text = data if type(data) is str else None
+    tokens = None if text is None else media_tokens(kind, text, b.policy.image_tokens)
+    if text is None or tokens is None:
+        if text is not None and b.policy.image_tokens != "base64":
+            what = "header unreadable" if kind == "image" else "duration unknown"
+            b.reasons.append(f"{kind} {what}: counted as its base64 text")
+        b.split(label, blk, ("data",))
+        return
+    rest = {k: v for k, v in blk.items() if k != "data"}
+    b.add(label, Size(tokens, len(text)), b.value(rest))
 
 
 def _embedded_resource(b: _Builder, blk: Mapping[str, Any], label: str) -> None:
