@@ -143,7 +143,9 @@ class RemoteMeasurer:
     # ------------------------------------------------------------------ event-loop mode
 
     def attach_loop(self, loop: Any) -> None:
-        """From now on every call comes from ``loop``'s thread: write from it, never blocking."""
+        """From now on every call comes from ``loop``'s thread: write from it, never blocking. HTTP starts
+        listening once the measuring process is ready (its /metrics up with the proxy; no child waits)."""
+        self._check_started()
         self.queue.drain(10)
         self._pipe.flush()
         os.set_blocking(self._pipe.fileno(), False)

@@ -28,6 +28,14 @@ from .conftest import (
 )
 
 
+def _scrape(port: int) -> str:
+    """/metrics, or "" while it is not up yet: it comes with the measuring process, which the relay does not
+    wait for."""
+    try:
+        return scrape(port)
+    except OSError:
+        return ""
+
 def _proxied(command: list[str], *, name: str | None = None, metrics_port: int | None = None,
              otlp_port: int | None = None, extra_env: dict[str, str] | None = None) -> StdioServerParameters:
     return StdioServerParameters(
@@ -47,7 +55,7 @@ def _dump(result: Any) -> Any:
 
 def _scrape_until(port: int, responses: int) -> str:
     def ready() -> str | None:
-        text = scrape(port)
+        text = _scrape(port)
         done = sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind="response")
         return text if done >= responses else None
 

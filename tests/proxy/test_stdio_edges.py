@@ -23,6 +23,15 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
 
+
+def _scrape(port: int) -> str:
+    """/metrics, or "" while it is not up yet: it comes with the measuring process, which the relay does not
+    wait for."""
+    try:
+        return scrape(port)
+    except OSError:
+        return ""
+
 def _child(*args: str) -> list[str]:
     return [sys.executable, str(CHILD), *args]
 
@@ -68,7 +77,7 @@ def test_messages_forwarded_unchanged_and_counted(receiver: Receiver) -> None:
     def counted() -> str | None:
         # Both directions are measured independently: wait for the last message of each (the client's
         # unmatched response, the server's invalid line), not only the client side, before comparing.
-        text = scrape(port)
+        text = _scrape(port)
         done = (sample(text, "mcp_token_proxy_messages_total", kind="unmatched") >= 1
                 and sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind="invalid") >= 1
                 and sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind="response") >= 2)
@@ -118,9 +127,10 @@ def test_100_mb_line_relayed_whole() -> None:
     assert size == len(payload) and digest.digest() == hashlib.sha256(payload).digest()
 
     def measured() -> str | None:
-        text = scrape(port)
+        text = _scrape(port)  # a message is counted before it is estimated (seconds at 100 MB): wait for both
         return text if sample(text, "mcp_token_proxy_messages_total", direction="server_to_client",
-                              kind="request") >= 1 else None
+                              kind="request") >= 1 and sample(text, "mcp_token_tokens_total", side="proxy",
+                                                              direction="input") >= 2 * 25_000_000 else None
 
     text = wait_for(measured, timeout=60, what="the 100 MB message measured")
     assert sample(text, "mcp_token_tokens_total", side="proxy", direction="input") >= 2 * 25_000_000
@@ -148,7 +158,7 @@ def test_stdin_eof_passed_on() -> None:
 
 @pytest.mark.slow
 def test_server_ignoring_eof_is_terminated() -> None:
-    proc = _start_proxy(_child("sleeper"))
+    proc = _start_proxy(_child("sleeper"), "--shutdown-grace", "2")
     assert proc.stdout is not None
     pid = int(proc.stdout.readline())
     _, _, code = _finish(proc)  # stdin closes; the child never reads it: SIGTERM after the grace period
@@ -194,7 +204,8 @@ def test_startup_errors_one_line_exit_2() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        taken = subprocess.run(proxy_argv("--metrics-port", str(port), "--", *_child("exit", "0")),
+        taken = subprocess.run(proxy_argv("--metrics-port", str(port), "--metrics-required", "--",
+                                          *_child("exit", "0")),
                                capture_output=True, text=True, env=env, timeout=30)
     assert taken.returncode == 2
     (line,) = taken.stderr.strip().splitlines()
