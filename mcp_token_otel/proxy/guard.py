@@ -283,6 +283,8 @@ class SseGuard:
         for i in data:
             value = lines[i].rstrip(b"\r\n")[5:]
             values.append(value[1:] if value.startswith(b" ") else value)
+        if not any(values):
+            return raw  # a priming event (an id to resume from, empty data): not a message
         message = b"\n".join(values)
         forward, _reply = self.measurer.message(self.stream, message)  # a server's message: never refused
         if forward is message or forward is None:
