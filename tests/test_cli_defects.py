@@ -100,7 +100,8 @@ def test_estimate_of_input_it_cannot_read_fails() -> None:
 # --- the proxy with a busy /metrics port -----------------------------------------------------------------------
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-              "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}
 CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "big", "arguments": {"n": 10}}}
 
 
@@ -140,8 +141,8 @@ def test_metrics_required_makes_a_busy_port_an_error(busy_port: int) -> None:
     proc = _proxy("--metrics-port", str(busy_port), "--metrics-required")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
-    assert err.decode().strip() == (f"mcp-token-otel proxy: error: cannot listen for /metrics on 127.0.0.1:{busy_port}: "
-                                    "Address already in use")
+    assert err.decode().strip() == ("mcp-token-otel proxy: error: cannot listen for /metrics on "
+                                    f"127.0.0.1:{busy_port}: Address already in use")
 
 
 # --- a server's banner on stdout --------------------------------------------------------------------------------
