@@ -61,7 +61,7 @@ OVERFLOW_VALUE = "_other"
 M_DEFINITION_PART = "mcp_token.definition.part"
 M_WASTE_KIND = "mcp_token.waste.kind"
 #: The parts of a tool definition the split definition gauge shows; they add up to the definitions' total.
-DEFINITION_PARTS: tuple[str, ...] = ("description", "schema", "other")
+DEFINITION_PARTS: tuple[str, ...] = ("description", "schema", "names")
 #: The kinds of wasted output tokens.
 WASTE_KINDS: tuple[str, ...] = ("repeated", "duplicated")
 
@@ -169,7 +169,7 @@ FAMILIES: tuple[Family, ...] = (
            multiprocess_mode="max"),
     Family("mcp_token_tool_definitions_part_tokens", "gauge", "tokens",
            "Estimated tokens of a server's tool definitions (its last tools/list result) by part: description "
-           "(the descriptions), schema (inputSchema and outputSchema), other (names and JSON framing); the parts "
+           "(the descriptions), schema (inputSchema and outputSchema), names (tool names and JSON framing); the parts "
            "add up to mcp_token_tool_definitions_tokens.",
            ("server", "part"), otel_name="mcp_token.tool_definitions.part.tokens", otel_unit="{token}",
            multiprocess_mode="max"),

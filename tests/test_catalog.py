@@ -62,7 +62,7 @@ def record_everything(sink: MetricsSink) -> None:
         sink.record_wasted(side, "srv", "dump", "repeated", big.total_tokens)
     sink.record_error("estimate", "srv")
     sink.record_tool_definitions("srv", 120, {"dump": 70, "ping": 50})
-    sink.record_tool_profiles("srv", {"description": 40, "schema": 60, "other": 20}, {"ping": 90})
+    sink.record_tool_profiles("srv", {"description": 40, "schema": 60, "names": 20}, {"ping": 90})
 
 
 def test_catalog_entries_are_consistent() -> None:

@@ -65,7 +65,7 @@ class MetricsSink(Protocol):
         """What a tools/list result's definitions cost in context, in all and per tool."""
 
     def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
-        """The same tools/list result: its definitions' tokens per part (description, schema, other) and the
+        """The same tools/list result: its definitions' tokens per part (description, schema, names) and the
         static worst case of each tool whose result something bounds."""
 
     def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:

@@ -1,7 +1,7 @@
 """Context costs beyond each message's own tokens: what a tools/list result is made of, the prompt-cache churn of
 a session's tool list, and output tokens that add nothing new.
 
-* A tools/list result: its definitions' tokens in all, per tool, per part (description, schema, other), and the
+* A tools/list result: its definitions' tokens in all, per tool, per part (description, schema, names), and the
   static worst case of each tool whose result something bounds (core/profiles' static profile).
 * Prompt-cache churn: a model caches the prompt up to the first byte that changes; the tool definitions come
   first, so a tools/list whose tools (content or order) differ from the session's previous one makes the model
@@ -94,8 +94,8 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
                 per_tool[label] = tokens
                 if worst is not None:
                     static_max[label] = worst
-    other = max(0, total - described - schema)  # parts are estimated apart: never a negative remainder
-    parts = dict(zip(DEFINITION_PARTS, (described, schema, other), strict=True))
+    names = max(0, total - described - schema)  # parts are estimated apart: never a negative remainder
+    parts = dict(zip(DEFINITION_PARTS, (described, schema, names), strict=True))
     digest = hash(_CANONICAL.encode(seen))
     return ToolList(total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
 
