@@ -46,6 +46,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
                    help="stdio: after the client closes its input, how long the server has to answer the calls "
                         "in flight and exit before it is stopped (default 30)")
+    p.add_argument("--print-client-config", action="store_true",
+                   help="stdio: print the mcpServers JSON entry (command, args, env) that makes an MCP client "
+                        "launch COMMAND through this proxy, with /metrics on --metrics-port or a free port, "
+                        "and exit")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="proxy log level on stderr (default warning)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -85,6 +89,14 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         return _fail("HTTP mode needs both --listen HOST:PORT and --upstream URL")
     if not http_mode and not command:
         return _fail("nothing to proxy: give -- COMMAND [ARGS...] or --listen HOST:PORT --upstream URL")
+    if args.print_client_config:
+        if http_mode:
+            return _fail("--print-client-config is for stdio servers (-- COMMAND); an HTTP client points at "
+                         "--listen instead")
+        from ..proxy.stdio import default_name
+        from .client_config import print_client_config
+
+        return print_client_config(args, command, args.name or default_name(command))
     try:
         if http_mode:
             return _run_http(args, config)
