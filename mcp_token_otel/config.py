@@ -18,7 +18,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -32,6 +32,7 @@ from .core.budget_key import DEFAULT_BUDGET_KEY, parse_key_sources
 from .core.estimators import ESTIMATOR_NAMES, get_estimator
 from .core.guard.settings import GuardSettings
 from .core.measure import Policy
+from .core.media import IMAGE_TOKEN_RULES, ImageRule
 from .core.risk import DEFAULT_MAX_OVERHEAD_RATIO, DEFAULT_THRESHOLDS, RiskThresholds
 
 ENV_PREFIX = "MCP_TOKEN_OTEL_"
@@ -175,6 +176,11 @@ class Config:
     estimator: str = field(
         default="default",
         metadata=_check("one of " + ", ".join(ESTIMATOR_NAMES), lambda v: v in ESTIMATOR_NAMES),
+    )
+    #: How an image block is counted: from its dimensions (area, tiles, patches) or as its base64 text.
+    image_tokens: str = field(
+        default="area",
+        metadata=_check("one of " + ", ".join(IMAGE_TOKEN_RULES), lambda v: v in IMAGE_TOKEN_RULES),
     )
     risk: RiskConfig = field(default_factory=RiskConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
@@ -479,4 +485,5 @@ def build_policy(config: Config) -> Policy:
         estimator_name=config.estimator,
         thresholds=config.risk.thresholds,
         max_overhead_ratio=config.risk.max_overhead_ratio,
+        image_tokens=cast(ImageRule, config.image_tokens),  # validated against IMAGE_TOKEN_RULES at load
     )

@@ -232,3 +232,11 @@ def test_repeat_window_defaults_to_a_minute_and_zero_turns_it_off() -> None:
     assert config_from_dict({"metrics": {"repeat_window": 15}}).metrics.repeat_window == 15
     with pytest.raises(ConfigError, match=r"config key 'metrics.repeat_window': expected a number of seconds >= 0"):
         config_from_dict({"metrics": {"repeat_window": -1}})
+
+
+def test_image_tokens_reaches_the_policy_and_names_the_key() -> None:
+    assert build_policy(Config()).image_tokens == "area"
+    config = load_config(env={"MCP_TOKEN_OTEL_IMAGE_TOKENS": "tiles"})
+    assert build_policy(config).image_tokens == "tiles"
+    with pytest.raises(ConfigError, match=r"'image_tokens': expected one of area, tiles, patches, base64"):
+        load_config(env={"MCP_TOKEN_OTEL_IMAGE_TOKENS": "pixels"})
