@@ -121,7 +121,7 @@ def test_cap_enforce_cuts_text_with_exact_notice_and_offset_hint() -> None:
     content = outcome.result["content"]
     assert content[0]["text"] == lines(20)  # 20 whole lines = 100 tokens
     assert content[1] == {"type": "text", "text": (
-        "[mcp-token-otel: response truncated to the limit of 100 tokens. Showing tokens 1-100 of 1,000. "
+        "\n\n[mcp-token-otel: response truncated to the limit of 100 tokens. Showing tokens 1-100 of 1,000. "
         "Call read_file with offset set past the 20 lines (400 characters) shown to continue.]")}
     (action,) = outcome.actions
     assert (action.policy, action.action, action.tool, action.enforced) == ("response_cap", "truncated",
@@ -153,9 +153,11 @@ def test_under_the_cap_nothing_changes() -> None:
 
 def test_cap_without_pagination_inputs_says_so() -> None:
     e = engine(mode="enforce", max_response_tokens=50)
+    e.learn_tools({"tools": [{"name": "get_log", "inputSchema": {"type": "object", "properties": {
+        "service": {"type": "string"}}}}]})
     outcome = e.on_result("tools/call", text_result(lines(100)), tool="get_log")
     assert outcome.result["content"][-1]["text"] == (
-        "[mcp-token-otel: response truncated to the limit of 50 tokens. Showing tokens 1-50 of 500. "
+        "\n\n[mcp-token-otel: response truncated to the limit of 50 tokens. Showing tokens 1-50 of 500. "
         "get_log declares no pagination inputs: ask for a narrower request to see the rest.]")
 
 
@@ -185,7 +187,7 @@ def test_cap_cuts_structured_arrays_to_whole_items_and_keeps_the_schema() -> Non
     tokens = chars4(new["content"][0]["text"])
     total = chars4(result["content"][0]["text"])
     assert new["content"][-1]["text"] == (
-        f"[mcp-token-otel: response truncated to the limit of 200 tokens. Showing tokens 1-{tokens:,} of "
+        f"\n\n[mcp-token-otel: response truncated to the limit of 200 tokens. Showing tokens 1-{tokens:,} of "
         f"{total:,}. Kept {kept} of 500 items of /items. Call list_items with offset={1000 + kept} to continue.]")
     # Keeping one more item would not have fitted.
     one_more = {"items": result["structuredContent"]["items"][: kept + 1]}
@@ -277,6 +279,8 @@ REFUSAL = ("Token budget spent: this session has used 182,400 of its 200,000-tok
 
 def test_session_hard_limit_refuses_tools_call_with_exact_text() -> None:
     e = engine(mode="enforce", session_hard_limit=True)
+    for _ in range(57):  # the session's tool calls, let through while its budget was ok
+        assert e.on_request("tools/call", {"name": "read_file"}, session_id="s", budget=SessionBudget()) is ALLOW
     decision = e.on_request("tools/call", {"name": "read_file"}, session_id="s", budget=exhausted())
     assert decision.allow is False
     assert decision.result == {"content": [{"type": "text", "text": REFUSAL}], "isError": True,
@@ -311,9 +315,14 @@ def test_session_warning_note_is_opt_in_and_exact() -> None:
     assert budget.state == "warning"
     result = text_result("done")
     assert engine(mode="enforce").on_result("tools/call", result, budget=budget).result is result
-    outcome = engine(mode="enforce", session_warning_note=True).on_result("tools/call", result, budget=budget)
+    e = engine(mode="enforce", session_warning_note=True)
+    assert e.on_request("tools/call", {"name": "t"}, session_id="s", budget=budget) is ALLOW
+    outcome = e.on_result("tools/call", result, budget=budget, session_id="s")
+    # The session's tokens with this result (its note included) added, as the budget will hold them.
+    assert outcome.context_tokens == measure_result("tools/call", outcome.result, policy=C4).total_tokens
+    used = 152_000 + outcome.context_tokens
     assert outcome.result["content"] == [result["content"][0], {"type": "text", "text": (
-        "[mcp-token-otel: this session has used 152,000 of its 200,000-token context window (76%) in 1 call. "
+        f"\n\n[mcp-token-otel: this session has used {used:,} of its 200,000-token context window (76%) in 1 call. "
         "Prefer narrow requests, and start a new session before it runs out.]")}]
     observed = engine(mode="observe", session_warning_note=True).on_result("tools/call", result, budget=budget)
     assert observed.result is result and observed.actions[0].policy == "session_warning"
@@ -458,9 +467,9 @@ def test_wide_json_is_cut_to_the_cap_as_valid_json() -> None:
     assert 1 < len(new["structuredContent"]) < 300
     last = list(new["structuredContent"])[-1]
     assert notice == (
-        f"[mcp-token-otel: response truncated to the limit of 200 tokens. Showing tokens 1-{chars4(text)} of "
+        f"\n\n[mcp-token-otel: response truncated to the limit of 200 tokens. Showing tokens 1-{chars4(text)} of "
         f"{chars4(json.dumps(obj)):,}. The JSON of structuredContent was cut short inside /{last}; the rest of it "
-        "was left out. t declares no pagination inputs: ask for a narrower request to see the rest.]")
+        "was left out. No limit argument was passed to t: ask for a narrower request to see the rest.]")
     assert measure_result("tools/call", new, policy=C4).data_tokens <= 200 + numbers["notice_tokens"]
 
 
@@ -561,7 +570,7 @@ def test_schema_bound_structured_content_is_never_made_invalid() -> None:
     over = outcome.actions[0].numbers["over_cap_tokens"]
     structured_tokens = measure_result("tools/call", result, policy=C4).blocks[1].data_tokens
     assert over == structured_tokens - 200  # only what the schema forces; the text block was left out
-    assert [b["text"][:15] for b in new["content"]] == ["[mcp-token-otel"]
+    assert [b["text"][:17] for b in new["content"]] == ["\n\n[mcp-token-otel"]
     assert f"1 content block left out. The output schema keeps {over:,} tokens above the limit." in (
         new["content"][-1]["text"])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -43,8 +44,9 @@ ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
 _MAX_CACHED = 4096
-#: A notice block a guard added upstream (the server's shim, then the client's): one short line in brackets.
-_NOTICE = re.compile(r"\[mcp-token-otel(?: security notice)?: [^\n]{1,1500}\]")
+#: A notice block a guard added upstream (the server's shim, then the client's): one short line in brackets,
+#: after the paragraph break that starts an appended note.
+_NOTICE = re.compile(r"(?:\n\n)?\[mcp-token-otel(?: security notice)?: [^\n]{1,1500}\]")
 
 
 class BudgetView(Protocol):
@@ -143,6 +145,9 @@ class GuardEngine:
         self._limiter = RateLimiter(settings.calls_per_minute, 60.0, max_keys=max_sessions, clock=clock)
         self._tool_policies: dict[str | None, ToolPolicy] = {}
         self._tools: dict[str, ToolInfo] = {}
+        #: Tool calls (tools/call requests let through) per session, for the notices; least recently used dropped.
+        self._calls: OrderedDict[str, int] = OrderedDict()
+        self._max_sessions = max_sessions
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ configuration lookups
@@ -169,9 +174,7 @@ class GuardEngine:
                     continue
                 if len(self._tools) >= _MAX_CACHED and name not in self._tools:
                     self._tools.clear()
-                self._tools[name] = ToolInfo(
-                    Pagination.from_input_schema(tool.get("inputSchema")), tool.get("outputSchema")
-                )
+                self._tools[name] = ToolInfo(Pagination.from_tool(tool), tool.get("outputSchema"))
 
     def tool_info(self, tool: str | None) -> ToolInfo | None:
         return self._tools.get(tool) if tool is not None else None
@@ -181,8 +184,25 @@ class GuardEngine:
         return cost_usd(tokens, self.settings.model, self.settings.pricing)
 
     def end_session(self, session_id: str) -> None:
-        """Forget a session's rate window (its connection ended)."""
+        """Forget a session's rate window and call count (its connection ended)."""
         self._limiter.forget(session_id)
+        with self._lock:
+            self._calls.pop(session_id, None)
+
+    def calls(self, session_id: str | None) -> int | None:
+        """The session's tool calls let through so far (None without a session id to count by)."""
+        if session_id is None:
+            return None
+        with self._lock:
+            return self._calls.get(session_id, 0)
+
+    def _count_call(self, session_id: str | None) -> None:
+        if session_id is None:
+            return
+        with self._lock:
+            self._calls[session_id] = self._calls.pop(session_id, 0) + 1
+            if len(self._calls) > self._max_sessions:
+                self._calls.popitem(last=False)
 
     # ------------------------------------------------------------------ requests
 
@@ -200,9 +220,18 @@ class GuardEngine:
         methods and notifications always pass.
 
         ``budget`` is the session's budget before this call; ``depth`` its chain depth (read from
-        ``params._meta`` when None); ``session_id`` None leaves the rate limit out (no session to count)."""
+        ``params._meta`` when None); ``session_id`` None leaves the rate limit out (no session to count).
+        A call let through is counted toward the session's tool calls (the notices' count)."""
         if not self.active or method != "tools/call":
             return ALLOW
+        decision = self._decide(params, session_id, budget, depth, now)
+        if decision.allow:
+            self._count_call(session_id)
+        return decision
+
+    def _decide(
+        self, params: Any, session_id: str | None, budget: BudgetView | None, depth: int | None, now: float | None
+    ) -> Decision:
         name = params.get("name") if isinstance(params, Mapping) else None
         tool = name if isinstance(name, str) else None
         tp = self.tool_policy(tool)
@@ -215,19 +244,19 @@ class GuardEngine:
         if s.max_chain_depth:
             level = chain_depth(params) if depth is None else depth
             if level > s.max_chain_depth:
-                numbers = {"depth": level, "limit": s.max_chain_depth}
+                numbers: dict[str, int | float | str] = {"depth": level, "limit": s.max_chain_depth}
                 actions.append(GuardAction(CHAIN_DEPTH, "refused", tool, tp.enforce, numbers))
                 if tp.enforce:
                     refusal = tool_error(notices.depth_exceeded(label, level, s.max_chain_depth), CHAIN_DEPTH,
                                          numbers)
         if s.session_hard_limit and budget is not None and budget.state == "exhausted":
-            numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
-                       "calls": budget.calls}
+            calls = self.calls(session_id)
+            numbers = _session_numbers(budget.tokens, budget.context_window, calls)
             actions.append(GuardAction(SESSION_LIMIT, "refused", tool, tp.enforce and refusal is None, numbers))
             if tp.enforce and refusal is None:
                 refusal = tool_error(
-                    notices.budget_exhausted(label, budget.tokens, budget.context_window, budget.calls),
-                    SESSION_LIMIT, numbers,
+                    notices.budget_exhausted(label, budget.tokens, budget.context_window, calls), SESSION_LIMIT,
+                    numbers,
                 )
         if s.rate_limit and session_id is not None and refusal is None:
             within, count = self._limiter.hit(session_id, record_over=not tp.enforce, now=now)
@@ -251,11 +280,14 @@ class GuardEngine:
         arguments: Mapping[str, Any] | None = None,
         budget: BudgetView | None = None,
         measurement: Measurement | None = None,
+        session_id: str | None = None,
     ) -> GuardOutcome:
         """Apply the result-side guards to one successful result (a wire dict).
 
         ``measurement`` is the recorder's measure_result of this very result (saves measuring twice);
-        ``arguments`` the call's arguments (pagination hints); ``budget`` the session's budget after it."""
+        ``arguments`` the call's arguments (pagination hints when the tool's definition was not seen);
+        ``budget`` the session's budget before this result is added (the warning note states it with the result
+        added); ``session_id`` the one given to :meth:`on_request` (the note's count of tool calls)."""
         if not self.active or not isinstance(result, Mapping):
             return GuardOutcome(result)
         if method == "tools/list":
@@ -288,7 +320,8 @@ class GuardEngine:
                     cut, report = cap_result(
                         result, cap, policy=self.policy, measurement=m, tool=tool,
                         output_schema=info.output_schema if info else None,
-                        pagination=info.pagination if info else None, arguments=arguments,
+                        pagination=info.pagination if info else Pagination.from_arguments(arguments),
+                        arguments=arguments,
                     )
                     if cut is not None:
                         new = cut
@@ -306,20 +339,16 @@ class GuardEngine:
         if tp.padding and method in _TEXT_METHODS:
             new = self._padding(method, result, new, tool, tp, actions)
 
+        context_tokens: int | None = None
         if (s.session_warning_note and method == "tools/call" and budget is not None
                 and budget.state != "ok" and isinstance(new.get("content"), list)):
-            numbers = {"session_tokens": budget.tokens, "context_window": budget.context_window,
-                       "calls": budget.calls}
-            upstream = any(b["text"].startswith(_WARNING) for b in _trailing_notices(new.get("content")))
-            if enforce and not upstream:  # one note, even when a guard upstream wrote it already
-                note = notices.session_warning(budget.tokens, budget.context_window, budget.calls)
-                new = {**new, "content": [*new["content"], {"type": "text", "text": note}]}
-            actions.append(GuardAction(SESSION_WARNING, "warned", tool, enforce and not upstream, numbers))
+            upstream = any(_bare(b["text"]).startswith(_WARNING) for b in _trailing_notices(new.get("content")))
+            new, context_tokens = self._warning(method, result, new, tool, m, budget, self.calls(session_id),
+                                                enforce and not upstream, actions)
 
-        context_tokens: int | None = None
-        if new is not result:
+        if context_tokens is None and new is not result:
             context_tokens = measure_result(method, new, tool_name=tool, policy=self.policy).total_tokens
-        elif m is not None:
+        elif context_tokens is None and m is not None:
             context_tokens = m.total_tokens
 
         if tp.annotate_meta:
@@ -347,6 +376,38 @@ class GuardEngine:
         if not actions:
             return GuardOutcome(result, (), context_tokens, cost)
         return GuardOutcome(new, tuple(actions), context_tokens, cost)
+
+    def _warning(
+        self,
+        method: str,
+        result: Mapping[str, Any],
+        new: Mapping[str, Any],
+        tool: str | None,
+        m: Measurement | None,
+        budget: BudgetView,
+        calls: int | None,
+        write: bool,
+        actions: list[GuardAction],
+    ) -> tuple[Mapping[str, Any], int]:
+        """The session warning (a note appended when ``write``): (result, its context tokens). The note states
+        the session's tokens with this result added, its own tokens included, as the budget will report them."""
+        if new is result and m is not None:
+            tokens = m.total_tokens
+        else:
+            tokens = measure_result(method, new, tool_name=tool, policy=self.policy).total_tokens
+        if write:
+            noted = new
+            for _ in range(4):  # the note's figure is in its own size: settles in one or two rounds
+                note = notices.session_warning(budget.tokens + tokens, budget.context_window, calls)
+                noted = {**new, "content": [*new["content"], {"type": "text", "text": note}]}
+                size = measure_result(method, noted, tool_name=tool, policy=self.policy).total_tokens
+                settled, tokens = size == tokens, size
+                if settled:
+                    break
+            new = noted
+        numbers = _session_numbers(budget.tokens + tokens, budget.context_window, calls)
+        actions.append(GuardAction(SESSION_WARNING, "warned", tool, write, numbers))
+        return new, tokens
 
     def _padding(
         self,
@@ -385,10 +446,23 @@ class GuardEngine:
         return new
 
 
+def _session_numbers(tokens: int, window: int, calls: int | None) -> dict[str, int | float | str]:
+    numbers: dict[str, int | float | str] = {"session_tokens": tokens, "context_window": window}
+    if calls is not None:
+        numbers["calls"] = calls
+    return numbers
+
+
+def _bare(text: str) -> str:
+    """A notice's text without the paragraph break that starts an appended note."""
+    return text.removeprefix(notices.BREAK)
+
+
 def _is_notice(block: Any) -> bool:
     """A text block that is one of the guards' own notices (as a guard upstream appends or prepends it)."""
     text = block.get("text") if isinstance(block, Mapping) else None
-    return isinstance(text, str) and text.startswith("[mcp-token-otel") and _NOTICE.fullmatch(text) is not None
+    return (isinstance(text, str) and _bare(text).startswith("[mcp-token-otel")
+            and _NOTICE.fullmatch(text) is not None)
 
 
 _WARNING = f"[{notices.PREFIX}: this session has used "

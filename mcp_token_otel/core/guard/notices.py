@@ -9,6 +9,9 @@ if TYPE_CHECKING:
     from .truncate import CapReport
 
 PREFIX = "mcp-token-otel"
+#: Starts every note appended after a result's content: a client that joins text blocks without a separator
+#: still shows the note as a paragraph of its own, not glued to the last line of the content.
+BREAK = "\n\n"
 
 
 def _plural(count: int, word: str) -> str:
@@ -18,7 +21,7 @@ def _plural(count: int, word: str) -> str:
 def truncated(report: CapReport, tool: str | None, hint: str) -> str:
     """The notice block appended to a cut result."""
     parts = [
-        f"[{PREFIX}: response truncated to the limit of {report.cap:,} tokens. "
+        f"{BREAK}[{PREFIX}: response truncated to the limit of {report.cap:,} tokens. "
         f"Showing tokens 1-{report.kept_tokens:,} of {report.total_tokens:,}."
     ]
     for path, kept, total in report.arrays:
@@ -47,19 +50,24 @@ def media_removed(kind: str, mime: str | None, tokens: int, cap: int) -> str:
             f"of {cap:,} tokens.]")
 
 
-def budget_exhausted(tool: str, tokens: int, window: int, calls: int) -> str:
-    """The text of the tool error that refuses a call in an exhausted session."""
+def _used(tokens: int, window: int, calls: int | None) -> str:
     pct = round(100 * tokens / window) if window else 100
-    return (f"Token budget spent: this session has used {tokens:,} of its {window:,}-token context window "
-            f"({pct}%) in {_plural(calls, 'call')}. The call to {tool} was not made. Start a new session to "
-            "continue.")
+    made = f" in {_plural(calls, 'call')}" if calls is not None else ""
+    return f"this session has used {tokens:,} of its {window:,}-token context window ({pct}%){made}"
 
 
-def session_warning(tokens: int, window: int, calls: int) -> str:
-    """The note appended to results once a session is past the warning ratio."""
-    pct = round(100 * tokens / window) if window else 100
-    return (f"[{PREFIX}: this session has used {tokens:,} of its {window:,}-token context window ({pct}%) in "
-            f"{_plural(calls, 'call')}. Prefer narrow requests, and start a new session before it runs out.]")
+def budget_exhausted(tool: str, tokens: int, window: int, calls: int | None) -> str:
+    """The text of the tool error that refuses a call in an exhausted session; ``calls``: the session's tool
+    calls (tools/call requests) made so far, None when unknown."""
+    return (f"Token budget spent: {_used(tokens, window, calls)}. The call to {tool} was not made. Start a new "
+            "session to continue.")
+
+
+def session_warning(tokens: int, window: int, calls: int | None) -> str:
+    """The note appended to results once a session is past the warning ratio: ``tokens`` with this result
+    added, ``calls`` the session's tool calls with this one (None when unknown)."""
+    return (f"{BREAK}[{PREFIX}: {_used(tokens, window, calls)}. Prefer narrow requests, and start a new session "
+            "before it runs out.]")
 
 
 def rate_limited(tool: str, limit: int) -> str:
