@@ -76,11 +76,16 @@ class ToolStats:
     overhead: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
     tiers: Counter[str] = field(default_factory=Counter)
     errors: int = 0
+    refused: int = 0
     calls: int = 0
 
 
 class DemoStats(BaseSink):
-    """A recorder metrics sink keeping exact per-tool figures for the printed summary (server side)."""
+    """A recorder metrics sink keeping exact per-tool figures for the printed summary.
+
+    Per tool: the tools/call results as the agents received them (client side), so sizes are what entered the
+    context, after any guard's cut; a call a guard refused is counted as refused, not as the tool's error, and
+    its refusal text is not a result size. Sessions and unbudgeted tokens: server side."""
 
     def __init__(self) -> None:
         self.tools: dict[str, ToolStats] = {}
@@ -88,18 +93,30 @@ class DemoStats(BaseSink):
         self.sessions_ended = 0
         self.unbudgeted = 0
         self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
+        #: Refusals whose result the agent has not received yet, per tool (a guard refuses before answering).
+        self._refusals: Counter[str] = Counter()
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str
     ) -> None:
-        if side != "server" or direction != "output" or method != "tools/call" or tool is None:
+        if side != "client" or direction != "output" or method != "tools/call" or tool is None:
             return
         stats = self.tools.setdefault(tool, ToolStats())
         stats.calls += 1
+        if m.error_type == "tool_error" and self._refusals[tool]:  # the refusal's answer: counted as refused
+            self._refusals[tool] -= 1
+            return
         stats.tokens.append(m.total_tokens)
         stats.overhead.append(m.overhead_ratio)
         stats.tiers[m.risk_tier] += 1
         stats.errors += m.error_type is not None
+
+    def record_guard_action(
+        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
+    ) -> None:
+        if action == "refused" and enforced and tool is not None:  # observe mode refuses nothing
+            self.tools.setdefault(tool, ToolStats()).refused += 1
+            self._refusals[tool] += 1
 
     def record_transition(self, side: str, state: str, server: str) -> None:
         if side == "server":
@@ -116,17 +133,21 @@ class DemoStats(BaseSink):
 
     def table(self) -> str:
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
-                 f"{'overhead':>9}{'errors':>8}"]
+                 f"{'overhead':>9}{'errors':>8}{'refused':>9}"]
         from ..core.risk import classify_risk
 
         for name in sorted(self.tools):
             s = self.tools[name]
+            if not s.tokens:  # every call refused so far
+                lines.append(f"{name:<14}{s.calls:>7}{'-':>9}{'-':>9}{'-':>9}  {'-':<11}{'-':>9}{s.errors:>8}"
+                             f"{s.refused:>9}")
+                continue
             ordered = sorted(s.tokens)
             p50 = ordered[len(ordered) // 2]
             p95 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
             lines.append(
                 f"{name:<14}{s.calls:>7}{p50:>9,}{p95:>9,}{ordered[-1]:>9,}  {classify_risk(p95):<11}"
-                f"{statistics.fmean(s.overhead):>9.0%}{s.errors:>8}"
+                f"{statistics.fmean(s.overhead):>9.0%}{s.errors:>8}{s.refused:>9}"
             )
         mix = Counter[str]()
         for s in self.tools.values():
