@@ -247,8 +247,8 @@ def test_profile_of_the_filesystem_shaped_server() -> None:
     assert data["overall_risk"] == "critical" and data["warnings"] == []
     table = cli("profile", *fixture()).stdout.splitlines()
     row = next(line for line in table if line.split()[:1] == ["read_file"])
-    assert row.split()[2:5] == ["critical", "no", "unbounded"] and 'string field "content"' in row
-    assert next(line for line in table if line.split()[:1] == ["list_allowed_directories"]).split()[2:5] == [
+    assert row.split()[5:8] == ["critical", "no", "unbounded"] and 'string field "content"' in row
+    assert next(line for line in table if line.split()[:1] == ["list_allowed_directories"]).split()[5:8] == [
         "high", "unknown", "unknown"]
 
 

@@ -15,7 +15,7 @@ from ..core.client_limits import ClientLimitWarning
 from ..core.contract import ServerProfile
 from ..core.lock_diff import CHANGE_CLASSES, Difference
 from ..core.observed import Observed, ToolView, overall_effective_risk
-from ..core.profiles import StaticProfile
+from ..core.profiles import DefinitionParts, StaticProfile, sum_parts
 from ..core.risk import RISK_TIERS
 from .observed_source import Observations
 
@@ -61,6 +61,24 @@ def _limit_text(limit: int | None, source: str) -> str:
 
 # --------------------------------------------------------------------------- profile
 
+#: The columns a definition's tokens are split into (``DefinitionParts``), after the ``definition`` total.
+PART_COLUMNS = ("description", "schema", "names")
+
+
+def _parts_dict(parts: DefinitionParts | None) -> dict[str, int] | None:
+    return None if parts is None else {part: getattr(parts, part) for part in PART_COLUMNS}
+
+
+def _part_cells(t: StaticProfile) -> list[str]:
+    parts = _parts_dict(t.definition_parts)
+    return [f"{parts[part]:,}" if parts else "-" for part in PART_COLUMNS]
+
+
+def _tool_parts(p: ServerProfile) -> DefinitionParts | None:
+    """The tools' definition tokens by part, summed; None if a tool's split is not known."""
+    parts = [t.definition_parts for t in p.tools]
+    return sum_parts(part for part in parts if part is not None) if None not in parts else None
+
 
 def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
                  observed: tuple[Observations, Sequence[ToolView]] | None = None) -> dict[str, Any]:
@@ -79,6 +97,7 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
         "critical_tool_names": list(agg.critical_tool_names),
         "definition_tokens": p.definition_tokens,
         "tool_definition_tokens": p.tool_definition_tokens,
+        "tool_definition_parts": _parts_dict(_tool_parts(p)),
         "context_window": p.context_window,
         "context_share": round(p.context_share, 6),
         "counts": dict(p.counts),
@@ -86,7 +105,8 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
         "recommendations": list(agg.recommendations),
         "tools": [
             {
-                "name": t.tool_name, "definition_tokens": t.definition_tokens, "risk": t.risk, "bounded": t.bounded,
+                "name": t.tool_name, "definition_tokens": t.definition_tokens,
+                "definition_parts": _parts_dict(t.definition_parts), "risk": t.risk, "bounded": t.bounded,
                 "max_tokens": t.max_tokens, "min_tokens": t.min_tokens, "base_tokens": t.base_tokens,
                 "field_count": t.field_count, "fields": list(t.fields), "limit": t.limit,
                 "limit_source": t.limit_source, "reason": t.reason, "recommendations": list(t.recommendations),
@@ -121,7 +141,9 @@ def _with_observed(out: dict[str, Any], obs: Observations, views: Sequence[ToolV
 
 
 def _totals_line(p: ServerProfile) -> str:
-    parts = [f"tools {p.tool_definition_tokens:,}"]
+    split = _parts_dict(_tool_parts(p))
+    detail = ": " + ", ".join(f"{part} {n:,}" for part, n in split.items()) if split and p.tools else ""
+    parts = [f"tools {p.tool_definition_tokens:,}{detail}"]
     for kind, label in (("resources", "resources"), ("resource_templates", "resource templates"),
                         ("prompts", "prompts")):
         tokens = sum(i.definition_tokens for i in p.others if i.kind == kind)
@@ -152,10 +174,14 @@ def _static_table(p: ServerProfile, out: TextIO) -> None:
     width = max([4, *(len(plain(t.tool_name)) for t in p.tools)]) + 2
     limits = [_limit_text(t.limit, t.limit_source) for t in p.tools]
     limit_width = max([5, *(len(text) for text in limits)]) + 2
-    print(f"  {'tool':<{width}}{'definition':>10}  {'risk':<10}{'bounded':<9}{'max tokens':>10}  "
+    cells = [_part_cells(t) for t in p.tools]
+    part_widths = [max([len(head), *(len(row[i]) for row in cells)]) for i, head in enumerate(PART_COLUMNS)]
+    heads = "".join(f"  {head:>{w}}" for head, w in zip(PART_COLUMNS, part_widths, strict=True))
+    print(f"  {'tool':<{width}}{'definition':>10}{heads}  {'risk':<10}{'bounded':<9}{'max tokens':>10}  "
           f"{'limit':<{limit_width}}reason", file=out)
-    for t, limit in zip(p.tools, limits, strict=True):
-        print(f"  {plain(t.tool_name):<{width}}{t.definition_tokens:>10,}  {t.risk:<10}{_bounded_text(t):<9}"
+    for t, limit, row in zip(p.tools, limits, cells, strict=True):
+        split = "".join(f"  {cell:>{w}}" for cell, w in zip(row, part_widths, strict=True))
+        print(f"  {plain(t.tool_name):<{width}}{t.definition_tokens:>10,}{split}  {t.risk:<10}{_bounded_text(t):<9}"
               f"{_max_text(t):>10}  {limit:<{limit_width}}{plain(t.reason)}", file=out)
 
 
@@ -252,11 +278,13 @@ def _markdown_table(p: ServerProfile, observed: tuple[Observations, Sequence[Too
         for row in observed_rows(observed[1]):
             print("| " + " | ".join([md_code(row[0]), *(md(cell) for cell in row[1:])]) + " |", file=out)
         return
-    print("| tool | definition tokens | risk | bounded | max tokens | limit | reason |", file=out)
-    print("|---|---:|---|---|---:|---|---|", file=out)
+    print(f"| tool | definition tokens | {' | '.join(PART_COLUMNS)} | risk | bounded | max tokens | limit | reason |",
+          file=out)
+    print("|---|---:|" + "---:|" * len(PART_COLUMNS) + "---|---|---:|---|---|", file=out)
     for t in p.tools:
-        print(f"| {md_code(t.tool_name)} | {t.definition_tokens:,} | {t.risk} | {_bounded_text(t)} | "
-              f"{_max_text(t)} | {md(_limit_text(t.limit, t.limit_source))} | {md(t.reason)} |", file=out)
+        print(f"| {md_code(t.tool_name)} | {t.definition_tokens:,} | {' | '.join(_part_cells(t))} | {t.risk} | "
+              f"{_bounded_text(t)} | {_max_text(t)} | {md(_limit_text(t.limit, t.limit_source))} | {md(t.reason)} |",
+              file=out)
 
 
 def print_profile_markdown(p: ServerProfile, warnings: Sequence[ClientLimitWarning], out: TextIO,

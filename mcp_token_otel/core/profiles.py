@@ -22,7 +22,9 @@ outcomes (``bounded``):
     no usable outputSchema: the size cannot be judged statically (``max_tokens`` None); rated ``high``, never
     safer than a declared bound.
 
-Every profile carries a one-line ``reason`` and at most one recommendation per cause.
+Every profile carries a one-line ``reason`` and at most one recommendation per cause, and its definition's
+tokens split into parts (:func:`definition_parts`: description, schema, and the rest, names and framing), the
+split the recorder reports for every ``tools/list`` too.
 
 Base-token rules (``BASE_RULES``): ``default`` costs a field as the estimated tokens of ``"name":`` plus 8 for a
 typical short value (ids, names, e-mails and dates measure 6 to 10 o200k tokens quoted); ``compact`` as
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bounds import (
@@ -81,6 +83,22 @@ def canonical_rule(rule: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class DefinitionParts:
+    """A definition's tokens by part, adding up to ``total``. The field names are the ``part`` label values of
+    the catalog's ``DEFINITION_PARTS``."""
+
+    description: int
+    #: inputSchema and outputSchema.
+    schema: int
+    #: The rest: the tool's name and the JSON framing around the parts.
+    names: int
+
+    @property
+    def total(self) -> int:
+        return self.description + self.schema + self.names
+
+
+@dataclass(frozen=True, slots=True)
 class StaticProfile:
     tool_name: str
     risk: RiskTier
@@ -104,6 +122,8 @@ class StaticProfile:
     rule: str = "default"
     #: Why, in one line: "unbounded: string field "content" has no maxLength; no limit parameter".
     reason: str = ""
+    #: ``definition_tokens`` by part; None when only the total is known (a tool known by its fields alone).
+    definition_parts: DefinitionParts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +220,28 @@ def tool_definition_tokens(tool: Mapping[str, Any], estimator: Estimator = estim
     return size_value({k: tool[k] for k in TOOL_CONTEXT_KEYS if k in tool}, estimator).tokens
 
 
+_SCHEMA_KEYS = ("inputSchema", "outputSchema")
+
+
+def definition_parts(tool: Mapping[str, Any], estimator: Estimator = estimate_tokens) -> DefinitionParts:
+    """:func:`tool_definition_tokens` split into the description (the string), the schemas (the compact JSON of
+    inputSchema and outputSchema) and the rest. Each part is estimated on its own, so the parts may overshoot
+    the whole by a token or two: they are capped, description first, so that they always add up to it."""
+    total = tool_definition_tokens(tool, estimator)
+    text = tool.get("description")
+    description = min(total, size_value(text, estimator).tokens if isinstance(text, str) else 0)
+    schemas = {k: tool[k] for k in _SCHEMA_KEYS if k in tool}
+    schema = min(total - description, size_value(schemas, estimator).tokens if schemas else 0)
+    return DefinitionParts(description, schema, total - description - schema)
+
+
+def sum_parts(parts: Iterable[DefinitionParts]) -> DefinitionParts:
+    """Part by part over many definitions: a server's tool list."""
+    items = list(parts)
+    return DefinitionParts(sum(p.description for p in items), sum(p.schema for p in items),
+                           sum(p.names for p in items))
+
+
 def _schema_note(schema: Any) -> str | None:
     """Why an outputSchema tells nothing about the result's size; None when it declares properties."""
     if schema is None:
@@ -282,10 +324,11 @@ def profile_tool_definition(
 ) -> StaticProfile:
     """Profile a real MCP tool definition (an item of a ``tools/list`` result, camelCase): bounded, unbounded
     or unknown with its reason, from its outputSchema, its limit inputs and the egress cap (module docstring).
-    The definition itself is costed too (:func:`tool_definition_tokens`, with ``estimator``)."""
+    The definition itself is costed too, by part (:func:`definition_parts`, with ``estimator``)."""
     name = str(tool.get("name", "?"))
     rule = canonical_rule(rule)
-    definition = tool_definition_tokens(tool, estimator)
+    parts = definition_parts(tool, estimator)
+    definition = parts.total
     schema = tool.get("outputSchema")
     note = _schema_note(schema)
     fields = _item_fields(schema) if note is None else []
@@ -296,8 +339,9 @@ def profile_tool_definition(
             for i in effective if i.kind != "items"]
     cap = min(caps, key=lambda c: c[0], default=None)
     if egress_max_bytes is not None and egress_max_bytes > 0:
-        return compute_static_profile(name, fields, egress_max_bytes=egress_max_bytes, thresholds=thresholds,
-                                      definition_tokens=definition, rule=rule)
+        capped = compute_static_profile(name, fields, egress_max_bytes=egress_max_bytes, thresholds=thresholds,
+                                        definition_tokens=definition, rule=rule)
+        return replace(capped, definition_parts=parts)
     walk = ResultWalk(schema, rule)
     cost = walk.result(schema, items) if note is None and isinstance(schema, Mapping) else None
     recs: list[str] = []
@@ -331,7 +375,7 @@ def profile_tool_definition(
     return StaticProfile(
         tool_name=name, risk=risk, bounded=bounded, max_tokens=max_tokens, min_tokens=base, base_tokens=base,
         field_count=len(fields), recommendations=tuple(dict.fromkeys(recs)), definition_tokens=definition,
-        fields=tuple(fields), limit=limit, limit_source=source, rule=rule, reason=reason,
+        fields=tuple(fields), limit=limit, limit_source=source, rule=rule, reason=reason, definition_parts=parts,
     )
 
 

@@ -26,8 +26,14 @@ from typing import TYPE_CHECKING, Any
 from ..catalog import DEFINITION_PARTS
 from ..core.labels import NameLimiter
 from ..core.measure import Measurement
-from ..core.payload import Estimator, size_value
-from ..core.profiles import TOOL_CONTEXT_KEYS, profile_tool_definition, tool_definition_tokens
+from ..core.payload import Estimator
+from ..core.profiles import (
+    TOOL_CONTEXT_KEYS,
+    DefinitionParts,
+    definition_parts,
+    profile_tool_definition,
+    sum_parts,
+)
 from .fanout import SinkFanout
 
 if TYPE_CHECKING:
@@ -35,7 +41,6 @@ if TYPE_CHECKING:
 
 #: Recent call digests kept per session, and tools with a repeated call awaiting its response.
 MAX_RECENT = 32
-_SCHEMA_KEYS = ("inputSchema", "outputSchema")
 #: One encoder, made once (json.dumps with options builds a new one per call).
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
@@ -57,17 +62,14 @@ class ToolList:
     paged: bool
 
 
-def _tool_costs(tool: Mapping[str, Any], estimator: Estimator) -> tuple[int, int, int, int | None]:
-    """(definition tokens, description tokens, schema tokens, static maximum or None) of one definition."""
+def _tool_costs(tool: Mapping[str, Any], estimator: Estimator) -> tuple[DefinitionParts, int | None]:
+    """(definition tokens by part, static maximum or None) of one definition."""
     try:
         profile = profile_tool_definition(tool, estimator=estimator)
-        tokens, worst = profile.definition_tokens, profile.max_tokens if profile.bounded else None
+        parts, worst = profile.definition_parts, profile.max_tokens if profile.bounded else None
     except Exception:  # an odd schema the profiler cannot read: the cost still counts, with no maximum
-        tokens, worst = tool_definition_tokens(tool, estimator), None
-    description = tool.get("description")
-    described = size_value(description, estimator).tokens if isinstance(description, str) else 0
-    schemas = {k: tool[k] for k in _SCHEMA_KEYS if k in tool}
-    return tokens, described, size_value(schemas, estimator).tokens if schemas else 0, worst
+        parts, worst = None, None
+    return parts or definition_parts(tool, estimator), worst
 
 
 def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> ToolList | None:
@@ -76,7 +78,7 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
     tools = result.get("tools") if isinstance(result, Mapping) else None
     if not isinstance(tools, list):
         return None
-    total = described = schema = 0
+    costs: list[DefinitionParts] = []
     per_tool: dict[str, int] = {}
     static_max: dict[str, int] = {}
     seen: list[dict[str, Any]] = []
@@ -84,8 +86,9 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
     for tool in tools:
         if not isinstance(tool, Mapping):
             continue
-        tokens, description, schemas, worst = _tool_costs(tool, estimator)
-        total, described, schema = total + tokens, described + description, schema + schemas
+        cost, worst = _tool_costs(tool, estimator)
+        costs.append(cost)
+        tokens = cost.total
         seen.append({k: tool[k] for k in TOOL_CONTEXT_KEYS if k in tool})
         name = tool.get("name")
         if isinstance(name, str):
@@ -94,10 +97,10 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
                 per_tool[label] = tokens
                 if worst is not None:
                     static_max[label] = worst
-    names = max(0, total - described - schema)  # parts are estimated apart: never a negative remainder
-    parts = dict(zip(DEFINITION_PARTS, (described, schema, names), strict=True))
+    summed = sum_parts(costs)
+    parts = {part: getattr(summed, part) for part in DEFINITION_PARTS}
     digest = hash(_CANONICAL.encode(seen))
-    return ToolList(total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
+    return ToolList(summed.total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
 
 
 class ContextCosts:
