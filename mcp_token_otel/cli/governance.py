@@ -121,7 +121,8 @@ def register(sub: Any) -> None:
     """Add ``profile``, ``lock`` and ``check`` to the ``mcp-token-otel`` subcommands."""
     prof = sub.add_parser(
         "profile", help="token profile of a server's tools: a tools/list file, or a live server over stdio or HTTP",
-        description="Definition tokens, static risk profile and recommendations of every tool, and the server "
+        description="Definition tokens (split into description, schema and names), static risk profile and "
+                    "recommendations of every tool, and the server "
                     "total against the context window.",
     )
     _output_options(prof)
