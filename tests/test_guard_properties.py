@@ -162,7 +162,7 @@ JSON_BLOCK = st.tuples(st.one_of(WIDE_OR_DEEP, JSON_CONTAINER), st.booleans()).m
 
 
 def is_notice(block: dict[str, Any]) -> bool:
-    return block.get("type") == "text" and block["text"].startswith("[mcp-token-otel")
+    return block.get("type") == "text" and block["text"].lstrip("\n").startswith("[mcp-token-otel")
 
 
 @settings(max_examples=150, deadline=None)

@@ -128,12 +128,13 @@ def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
     assert h.rec.guard_active and h.rec.guards("server")
     span = h.span()
     params = {"name": "t", "arguments": {}}
+    assert h.rec.guard_request(span, "server", "tools/call", params, "s1") is None  # the session's one call
     h.rec.record_input(span, "server", "tools/call", params, "s1")
     h.rec.record_guarded_output(span, "server", "tools/call", "t", text_result(prose(4000)), "s1")
     h.rec.end_span(span)
     budget = h.rec.sessions["server"].get("s1")
     assert budget.state == "exhausted"
-    tokens, calls = budget.tokens, budget.calls
+    tokens, calls = budget.tokens, 1  # tools/call requests, not messages
 
     span = h.span()
     refusal = h.rec.guard_request(span, "server", "tools/call", params, "s1")
@@ -165,7 +166,7 @@ def test_response_cap_delivers_the_cut_and_budgets_what_entered(harness_factory:
     m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
     h.rec.end_span(span)
     assert m is not None and delivered is not result
-    assert delivered["content"][-1]["text"].startswith("[mcp-token-otel: response truncated to the limit of 100")
+    assert delivered["content"][-1]["text"].startswith("\n\n[mcp-token-otel: response truncated to the limit of 100")
     entered = measure_result("tools/call", delivered, tool_name="t", policy=h.rec.policy).total_tokens
     assert entered < m.total_tokens
     assert h.rec.sessions["server"].get("s1").tokens == entered

@@ -102,6 +102,7 @@ class GuardOrchestrator:
                 arguments=r.arguments,
                 budget=self._ledger.budget(r.side, r.session_id),
                 measurement=m,
+                session_id=_rate_key(r.side, r.session_id) if r.session_id is not None else None,  # its calls
             )
         except Exception:
             self._fault("guard")

@@ -158,7 +158,7 @@ def test_enforce_cuts_notices_annotates_and_refuses(transport: str, tmp_path: Pa
     kept = kept_block["text"]
     assert full.startswith(kept) and kept.endswith("\n") and len(kept) < len(full)
     assert notice["text"] == (
-        f"[mcp-token-otel: response truncated to the limit of {CAP} tokens. Showing tokens "
+        f"\n\n[mcp-token-otel: response truncated to the limit of {CAP} tokens. Showing tokens "
         f"1-{_estimate(kept):,} of {_estimate(full):,}. Call read_lines with offset set past the "
         f"{kept.count(chr(10)):,} lines ({len(kept):,} characters) shown to continue.]")
     assert out["read"]["structuredContent"] == {"result": kept}  # still what the outputSchema asks for
@@ -236,7 +236,7 @@ def test_enforce_2026_protocol(transport: str, tmp_path: Path, monkeypatch: pyte
     assert [s["tool"] for s in _served(log)] == ["read_lines"]
     kept, notice = result["content"]
     assert "\n".join(line(i) for i in range(400)).startswith(kept["text"])
-    assert notice["text"].startswith(f"[mcp-token-otel: response truncated to the limit of {CAP} tokens.")
+    assert notice["text"].startswith(f"\n\n[mcp-token-otel: response truncated to the limit of {CAP} tokens.")
     assert notice["text"].endswith("Call read_lines with offset set past the "
                                    f"{kept['text'].count(chr(10)):,} lines ({len(kept['text']):,} characters) "
                                    "shown to continue.]")
@@ -260,11 +260,12 @@ def test_enforce_session_hard_limit(transport: str, tmp_path: Path, monkeypatch:
     assert read["content"][0]["text"].startswith("00000 ") and read.get("isError") is not True
     assert refused["isError"] is True
     spent = re.fullmatch(r"Token budget spent: this session has used ([\d,]+) of its 4,000-token context window "
-                         r"\((\d+)%\) in (\d+) calls\. The call to small was not made\. Start a new session to "
+                         r"\((\d+)%\) in (\d+) calls?\. The call to small was not made\. Start a new session to "
                          r"continue\.", refused["content"][0]["text"])
     assert spent is not None, refused
     used = int(spent[1].replace(",", ""))
     assert used >= 0.9 * 4000 and int(spent[2]) == round(100 * used / 4000)
+    assert int(spent[3]) == 1  # the session's calls: read_lines alone, however many messages went by
     assert refused["_meta"]["io.github.mcp-token-otel/guard"]["policy"] == "session_limit"
     assert [s["tool"] for s in _served(log)] == ["read_lines"]
     assert _guard_count(text, policy="session_limit", action="refused", tool="small") == 1

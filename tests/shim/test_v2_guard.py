@@ -209,8 +209,8 @@ def test_response_cap_enforce_text_with_exact_notice(otel: Otel, mode: str) -> N
     kept, notice = texts(result)
     assert LOG.startswith(kept) and kept.endswith("\n")  # cut back to a line end
     shown_tokens = -(-len(kept) // 4)  # chars/4
-    assert notice == (
-        f"[mcp-token-otel: response truncated to the limit of 500 tokens. Showing tokens 1-{shown_tokens:,} of "
+    assert notice == (  # on a line of its own, after a blank one
+        f"\n\n[mcp-token-otel: response truncated to the limit of 500 tokens. Showing tokens 1-{shown_tokens:,} of "
         f"{-(-len(LOG) // 4):,}. Call read_file with offset set past the {len(kept.splitlines()):,} lines "
         f"({len(kept):,} characters) shown to continue.]"
     )
@@ -235,7 +235,7 @@ def test_response_cap_keeps_structured_content_valid(otel: Otel, mode: str) -> N
     assert json.loads(text) == structured  # the text block is rewritten from the cut structuredContent
     assert notice.endswith(f"Kept {len(items)} of 300 items of /items. Call list_items with offset={5 + len(items)} "
                            "to continue.]")
-    assert notice.startswith("[mcp-token-otel: response truncated to the limit of 500 tokens. Showing tokens 1-")
+    assert notice.startswith("\n\n[mcp-token-otel: response truncated to the limit of 500 tokens. Showing tokens 1-")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -317,16 +317,17 @@ def test_session_warning_note_once(otel: Otel, mode: str) -> None:
     with guarded(otel, guard, budget={"context_window": 4000}) as (_, sink):
         results = run(lambda c: exhaust_then_call(c, 4), mode)
     assert not any(r.is_error for r in results)
-    notes = [[t for t in texts(r) if t.startswith("[mcp-token-otel: this session has used ")] for r in results]
+    notes = [[t for t in texts(r) if t.startswith("\n\n[mcp-token-otel: this session has used ")] for r in results]
     assert notes[0] == [] and notes[-1] != []
     for note in notes:
         assert len(note) <= 1
-    found = re.fullmatch(r"\[mcp-token-otel: this session has used ([\d,]+) of .*? in (\d+) calls\. .*", notes[-1][0])
+    found = re.fullmatch(r"\n\n\[mcp-token-otel: this session has used ([\d,]+) of .*? in (\d+) calls?\. .*",
+                         notes[-1][0])
     assert found is not None
     tokens, calls = int(found[1].replace(",", "")), int(found[2])
     assert tokens >= 3000  # past 0.75 of 4,000
     assert notes[-1][0] == (
-        f"[mcp-token-otel: this session has used {tokens:,} of its 4,000-token context window "
+        f"\n\n[mcp-token-otel: this session has used {tokens:,} of its 4,000-token context window "
         f"({round(100 * tokens / 4000)}%) in {calls} calls. Prefer narrow requests, and start a new session before it "
         "runs out.]"
     )
@@ -516,7 +517,7 @@ def test_streamable_http(otel: Otel) -> None:
     (listed, cut), *echoes = seen
     (tool,) = [t for t in listed.tools if t.name == "list_items"]
     jsonschema.validate(cut.structured_content, tool.output_schema)
-    assert texts(cut)[-1].startswith("[mcp-token-otel: response truncated to the limit of 500 tokens.")
+    assert texts(cut)[-1].startswith("\n\n[mcp-token-otel: response truncated to the limit of 500 tokens.")
     assert cut.meta[META_TOKENS_KEY]["originalTokens"] > cut.meta[META_TOKENS_KEY]["tokens"]
     *served, refused = echoes
     assert served and not any(e.is_error for e in served) and refused.is_error is True

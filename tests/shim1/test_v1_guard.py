@@ -224,7 +224,7 @@ def test_response_cap_enforce_text(otel: Otel) -> None:
     kept, total = event["mcp_token.guard.kept_tokens"], event["mcp_token.guard.tokens"]
     assert kept <= 50 < total
     assert text_of(result, -1) == (
-        f"[mcp-token-otel: response truncated to the limit of 50 tokens. Showing tokens 1-{kept:,} of {total:,}. "
+        f"\n\n[mcp-token-otel: response truncated to the limit of 50 tokens. Showing tokens 1-{kept:,} of {total:,}. "
         "text declares no pagination inputs: ask for a narrower request to see the rest.]"
     )
     kept_text = text_of(result, 0)
@@ -245,7 +245,7 @@ def test_padded_and_cut_once(otel: Otel) -> None:
     assert len(result.content) == 3
     assert text_of(result, 0).startswith("[mcp-token-otel security notice:")
     assert (ZW * 10 + words(2000)).startswith(text_of(result, 1))
-    assert text_of(result, 2).startswith("[mcp-token-otel: response truncated to the limit of 50 tokens.")
+    assert text_of(result, 2).startswith("\n\n[mcp-token-otel: response truncated to the limit of 50 tokens.")
     counts = guard_counts(otel)
     assert counts[("server", "response_cap", "truncated", "true")] == 1
     assert ("client", "response_cap", "truncated", "true") not in counts
@@ -272,7 +272,7 @@ def test_response_cap_enforce_structured_validates(otel: Otel, sides: list[str])
     assert json.loads(text_of(result, 0)) == structured
     notice = text_of(result, -1)
     assert re.fullmatch(
-        rf"\[mcp-token-otel: response truncated to the limit of 200 tokens\. Showing tokens 1-[\d,]+ of [\d,]+\. "
+        rf"\n\n\[mcp-token-otel: response truncated to the limit of 200 tokens\. Showing tokens 1-[\d,]+ of [\d,]+\. "
         rf"Kept {kept} of 300 items of /items\. Call items with offset={40 + kept} to continue\.\]",
         notice,
     ), notice
@@ -349,7 +349,7 @@ def test_session_warning_note(otel: Otel, mode: str) -> None:
     tokens, calls = event["mcp_token.guard.session_tokens"], event["mcp_token.guard.calls"]
     if mode == "enforce":
         assert text_of(third, -1) == (
-            f"[mcp-token-otel: this session has used {tokens:,} of its 10,000-token context window "
+            f"\n\n[mcp-token-otel: this session has used {tokens:,} of its 10,000-token context window "
             f"({round(tokens / 100)}%) in {calls} calls. Prefer narrow requests, and start a new session before it "
             "runs out.]"
         )
@@ -654,7 +654,7 @@ def test_stdio_server_guards_uninstrumented_client(tmp_path: Path) -> None:
     assert text_of(items, -1).endswith(f"Kept {kept} of 500 items of /items. Call items with offset={kept} to "
                                        "continue.]")
     texts = out["more"]
-    assert texts[0].content[-1].text.startswith("[mcp-token-otel: response truncated to the limit of 300 tokens.")
+    assert texts[0].content[-1].text.startswith("\n\n[mcp-token-otel: response truncated to the limit of 300 tokens.")
     refused = [r for r in texts if r.isError]
     assert refused and text_of(refused[0]).startswith("Token budget spent: this session has used ")
     assert not texts[0].isError and all(r.isError for r in texts[len(texts) - len(refused):])
@@ -698,7 +698,7 @@ def test_streamable_http_server_side(otel: Otel) -> None:
         anyio.run(main)
         recorder.flush()
     cut, small, refused = results
-    assert text_of(cut, -1).startswith("[mcp-token-otel: response truncated to the limit of 100 tokens.")
+    assert text_of(cut, -1).startswith("\n\n[mcp-token-otel: response truncated to the limit of 100 tokens.")
     assert words(2000).startswith(text_of(cut, 0))
     assert text_of(small) == words(1) and not small.isError
     assert refused.isError and text_of(refused) == (
