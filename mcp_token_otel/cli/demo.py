@@ -404,7 +404,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
             recorder.flush()  # a user sink runs off the call path: replay what is still queued
-            print("\nfinal summary (server side, output of tools/call):", file=out)
+            print("\nfinal summary (tools/call results as the agents received them; sessions: server side):", file=out)
             print(stats.table(), file=out, flush=True)
         return stats
     finally:
