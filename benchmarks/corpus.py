@@ -758,7 +758,9 @@ def build_corpus(per_kind: int = 40, splits: tuple[str, ...] = ("train", "test")
                 if len(cut := _slice(rng, text)) >= MIN_SIZE // 2:
                     samples.append(Sample(kind, split, f"{src}#{i}", cut))
             gen = GENERATORS.get(kind) or (None if files else FALLBACKS.get(kind))
-            for i in range(per_kind - n_real if gen else 0):
+            if gen is None:
+                continue
+            for i in range(per_kind - n_real):
                 seed = f"{kind}/{split}/{i}"
                 samples.append(Sample(kind, split, seed, gen(random.Random(seed))))
     return samples

@@ -18,6 +18,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,7 +81,7 @@ def speed(name: str) -> dict[str, float]:
     out = {"us_per_call_2kb": _best_of(lambda: est(small), 2000) * 1e6}
     # 64 KB is the largest size the default estimator scans whole; above it, it samples.
     for label, text, n in (("mb_per_s_64kb", kb64, 20), ("mb_per_s_1mb", mb1, 5), ("mb_per_s_10mb", mb10, 1)):
-        out[label] = len(text.encode()) / 1e6 / _best_of(lambda t=text: est(t), n, repeat=3)
+        out[label] = len(text.encode()) / 1e6 / _best_of(partial(est, text), n, repeat=3)
     return out
 
 

@@ -11,7 +11,8 @@ Method, plain Python (no numpy needed):
   * non-negativity by backward elimination: solve, drop the most negative weight, repeat;
   * a few rounds of iteratively reweighted least squares so the fit minimises mean
     *absolute* relative error (what the benchmark reports) rather than squared error;
-  * per-kind balancing: every content kind gets the same total weight.
+  * per-kind balancing: every content kind gets the same total weight (times --kind-weight KIND=W);
+  * class weights put on the estimator's grid (1/WEIGHT_MAX), rounding chosen by the same objective (quantise).
 The fitted weights are printed as Python, to paste into estimation.py (WEIGHTS).
 Train and held-out samples come from benchmarks/corpus.py (disjoint seeds and files).
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from corpus import Sample, build_corpus, iter_kinds
 
-from mcp_token_otel.core.estimation import CANDIDATE_PATTERNS, PATTERNS, features, raw_features
+from mcp_token_otel.core.estimation import (
+    ASCII_PATTERNS,
+    CANDIDATE_PATTERNS,
+    PATTERNS,
+    WEIGHT_MAX,
+    features,
+    raw_features,
+)
 from mcp_token_otel.core.estimators import get_estimator
 
 Matrix = list[list[float]]
@@ -83,12 +91,15 @@ def nnls(xs: Matrix, ys: list[float], ws: list[float], ridge: float = 1e-6) -> l
     return full
 
 
-def fit(samples: list[Sample], truth: list[int], rounds: int = 0) -> list[float]:
+def fit(
+    samples: list[Sample], truth: list[int], rounds: int = 0, kind_weights: dict[str, float] | None = None
+) -> list[float]:
     # Relative error: scale each row by 1/y, so the target becomes 1.
     xs = [[v / y for v in features(s.text)] for s, y in zip(samples, truth, strict=True)]
     ys = [1.0] * len(xs)
     per_kind = {k: len(g) for k, g in iter_kinds(samples)}
-    base = [1.0 / per_kind[s.kind] for s in samples]  # each kind weighs the same in total
+    # Each kind weighs the same in total, times its --kind-weight.
+    base = [(kind_weights or {}).get(s.kind, 1.0) / per_kind[s.kind] for s in samples]
     ws = base[:]
     coef = nnls(xs, ys, ws)
     for _ in range(rounds):  # IRLS towards L1: weight each row by 1/|residual|
@@ -96,6 +107,48 @@ def fit(samples: list[Sample], truth: list[int], rounds: int = 0) -> list[float]
         ws = [b / max(r, 0.01) for b, r in zip(base, res, strict=True)]
         coef = nnls(xs, ys, ws)
     return coef
+
+
+def quantise(
+    coef: list[float], samples: list[Sample], truth: list[int], kind_weights: dict[str, float]
+) -> list[float]:
+    """Put each class weight on the estimator's grid (WEIGHT_TABLE: 1/WEIGHT_MAX of the largest byte weight).
+
+    The estimator sums the rounded weights, so the rounding is chosen by the fit's objective (per-kind mean
+    absolute error on the training split): one step down, none or one step up, class by class, twice over.
+    ASCII classes keep distinct grid values (the ASCII fast path counts pairs on the weight bytes).
+    """
+    rows = [features(s.text) for s in samples]
+    per_kind = {k: len(g) for k, g in iter_kinds(samples)}
+    row_weight = [kind_weights.get(s.kind, 1.0) / per_kind[s.kind] / y for s, y in zip(samples, truth, strict=True)]
+    singles = [j for j, p in enumerate(PATTERNS, 1) if len(p) == 1]
+    top = max(singles, key=lambda j: coef[j])
+    scale = WEIGHT_MAX / (coef[0] + coef[top])
+    grid = {j: round((coef[0] + coef[j]) * scale) for j in singles}
+
+    def loss(g: dict[int, int]) -> float:
+        c = coef[:]
+        for j, q in g.items():
+            c[j] = q / scale - coef[0]
+        return sum(
+            w * abs(sum(a * v for a, v in zip(c, x, strict=True)) - y)
+            for x, y, w in zip(rows, truth, row_weight, strict=True)
+        )
+
+    for _ in range(2):
+        for j in singles:
+            if j == top:
+                continue  # the largest weight sets the grid
+            taken = {q for i, q in grid.items() if i != j and PATTERNS[i - 1] in ASCII_PATTERNS}
+            if PATTERNS[j - 1] not in ASCII_PATTERNS:
+                taken = set()
+            steps = (grid[j] - 1, grid[j], grid[j] + 1)
+            options = [q for q in steps if q / scale >= coef[0] and q <= WEIGHT_MAX and q not in taken]
+            grid[j] = min(options, key=lambda q: loss({**grid, j: q}))
+    out = coef[:]
+    for j, q in grid.items():
+        out[j] = q / scale - coef[0]
+    return out
 
 
 def report(name: str, samples: list[Sample], estimate: Callable[[str], float]) -> float:
@@ -116,7 +169,7 @@ s_truth: dict[int, int] = {}  # id(sample) -> exact o200k_base count
 
 
 def kind_errors(
-    coef: list[float], rows: list[list[float]], truth: list[int], kinds: list[str]
+    coef: list[float], rows: Sequence[Sequence[float]], truth: list[int], kinds: list[str]
 ) -> dict[str, float]:
     acc: dict[str, list[float]] = {}
     for x, y, k in zip(rows, truth, kinds, strict=True):
@@ -126,12 +179,12 @@ def kind_errors(
 
 
 def pattern_cost(p: bytes) -> float:
-    """Rough µs per bytes.count on 2 KB of ASCII (measured on CPython 3.11). Non-ASCII classes
-    are free: they are only counted when the text is not ASCII."""
+    """Rough µs per bytes.count on 2 KB of ASCII (measured on CPython 3.11). Single classes are free
+    (a weight in WEIGHT_TABLE), and so are non-ASCII patterns on ASCII text (counted only when it is not)."""
     if any(c in b"mpckex" for c in p):
         return 0.0
     if len(p) == 1:
-        return 1.0
+        return 0.0  # a single class is a weight in WEIGHT_TABLE, not a count
     return 2.8 if p.endswith(b"a") else 2.3 if len(p) == 2 else 1.5
 
 
@@ -168,7 +221,7 @@ def select(train: list[Sample], truth: list[int], budget: float, always: list[in
         chosen.append(best[1])
         spent += costs[best[1]]
         current = best[0]
-        worst = max(best[2], key=best[2].get)
+        worst = max(best[2], key=lambda k: best[2][k])
         print(
             f"+ {names[best[1]]!r:12} cost={spent:5.1f} score={best[0]:6.2f} "
             f"mean={sum(best[2].values()) / len(best[2]):5.2f} "
@@ -182,7 +235,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--per-kind", type=int, default=60)
     ap.add_argument("--select", type=float, default=0, help="greedy-select features within this µs budget")
+    ap.add_argument(
+        "--kind-weight",
+        action="append",
+        default=[],
+        metavar="KIND=W",
+        help="weigh a kind W times the others in the fit (repeatable); the shipped weights use logs=1.1",
+    )
     args = ap.parse_args()
+    kind_weights = {k: float(w) for k, _, w in (kw.partition("=") for kw in args.kind_weight)}
 
     exact = get_estimator("tiktoken:o200k_base")
     train = build_corpus(args.per_kind, splits=("train",))
@@ -196,7 +257,7 @@ def main() -> None:
     if args.select:
         select(train, y_train, args.select, [])
         return
-    coef = fit(train, y_train)
+    coef = quantise(fit(train, y_train, kind_weights=kind_weights), train, y_train, kind_weights)
     names = ["bytes", *(p.decode("latin-1") for p in PATTERNS)]
 
     def estimate(text: str) -> float:

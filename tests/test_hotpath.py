@@ -292,14 +292,18 @@ def _estimator_texts() -> list[str]:
         [c for c in ascii_chars if not c.isdigit()],  # no digit: the "A0" count is skipped
         [c for c in ascii_chars if not c.isupper()],
         list("abc XYZ 019 .,;\"\n\t"),
+        list("<a href=\"/x_y\">(-)</a>\n kzj"),  # the markup and rare-letter classes
         ascii_chars + list("éß✓你好한😀\u0301"),
         list("Привет мир, это тест."),  # no CJK, no emoji: those runs are skipped
+        list("Привет\n   мир -- <b> jak"),  # the same classes in non-ASCII text
         list("你好世界，这是一个测试。"),  # no 2-byte characters
         list("ab 😀é."),
         [*"你好한😀 a", "\ud800"],
     ]
     texts = [TEXT, "".join(ascii_chars) * 20, "A0 .A0 ." * 300, "ID A1B2C3 ok. x ." * 90]
-    for n in [*range(0, 64), 255, 256, 257, 1039, 1040, 1041, 2079, 2080, 2081, 4000]:
+    chunk = estimation._SUM_CHUNK  # the adler32 sums' chunk boundaries
+    edges = [chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk, 2 * chunk + 1]
+    for n in [*range(0, 64), 255, 256, 257, *edges, 1039, 1040, 1041, 2079, 2080, 2081, 4000]:
         for pool in pools:
             texts.append("".join(rng.choice(pool) for _ in range(n)))
     return texts

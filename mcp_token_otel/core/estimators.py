@@ -7,7 +7,7 @@
 Names (``ESTIMATOR_NAMES``):
 
 ``default``
-    :func:`mcp_token_otel.core.estimation.estimate_tokens`: pure Python, fast, ~5% mean error
+    :func:`mcp_token_otel.core.estimation.estimate_tokens`: pure Python, fast, ~7% mean error
     against o200k_base.
 ``chars/4``, ``chars/3.5``
     The seed heuristics, ``ceil(len(text) / 4)`` and ``ceil(len(text) / 3.5)``.
