@@ -71,7 +71,7 @@ class DeferredSink:
                 on_error("metrics")
         self._thread = threading.Thread(target=self._run, name="mcp-token-otel-metrics", daemon=True)
         self._thread.start()
-        atexit.register(self.close)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
+        atexit.register(self.stop)  # before the SDK's own exit-time shutdown (atexit runs LIFO)
 
     def _enqueue(self, method: Callable[..., None], args: tuple[Any, ...], context: Any = None) -> None:
         item = (method, args, context)
@@ -170,11 +170,19 @@ class DeferredSink:
         while not self._stop.wait(self._interval):
             self.flush()
 
-    def close(self) -> None:
-        """Stop the thread and replay what is left; idempotent."""
+    def stop(self) -> None:
+        """Stop the thread and replay what is left; idempotent. At exit only this: the sink stays readable
+        for the SDK's final export."""
         if self._stop.is_set():
             return
         self._stop.set()
         self._thread.join(timeout=5)
         self._drain(0.0)  # shutdown: the GIL is yielded between slices, without sleeping
-        atexit.unregister(self.close)
+        atexit.unregister(self.stop)
+
+    def close(self) -> None:
+        """The recorder is done: stop, then close the sink it feeds."""
+        self.stop()
+        close = getattr(self._sink, "close", None)
+        if callable(close):
+            close()

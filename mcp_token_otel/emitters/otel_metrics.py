@@ -5,6 +5,7 @@ so dashboards and alerts work through a Collector too, plus the MCP conventions'
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -46,6 +47,73 @@ def pairs(family: Family, values: Iterable[Any]) -> Pairs:
                  if value is not None and value != "")
 
 
+Reader = Callable[[Any], Iterator[metrics.Observation]]
+
+
+class _MeterInstruments:
+    """The instruments of one Meter, created once. The SDK hands back the first instrument for a name it has
+    seen and drops a second one's callbacks, so a recorder made after another on the same MeterProvider (an
+    uninstrument and instrument again) would report nothing: every sink on a meter shares these, and each
+    observable callback reads the sinks alive now (a counter's series summed across them, a gauge's from the
+    newest). A closed sink's totals stay readable, frozen, until a new sink on the meter replaces it."""
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self._sinks: list[weakref.ref[OtelMetricsSink]] = []
+        self._closed: weakref.WeakSet[OtelMetricsSink] = weakref.WeakSet()
+        self.histograms: dict[str, metrics.Histogram] = {}
+        # Collection runs observable callbacks (in creation order) before it reads the synchronous
+        # instruments, so the drop counter, created first, drains a DeferredSink's queue before anything is
+        # read: every export (and the final one at shutdown) is complete.
+        for family in sorted(otel_families("recorder"), key=lambda f: f.otel_name != _DROPPED):
+            name = family.otel_name
+            if family.kind == "histogram":
+                self.histograms[name] = meter.create_histogram(
+                    name, unit=family.otel_unit, description=family.help,
+                    explicit_bucket_boundaries_advisory=family.buckets,
+                )
+                continue
+            create = meter.create_observable_counter if family.kind == "counter" else meter.create_observable_gauge
+            create(name, callbacks=[self._reader(name, family.kind == "counter")], unit=family.otel_unit,
+                   description=family.help)
+
+    def add(self, sink: OtelMetricsSink) -> None:
+        live = [ref for ref in self._sinks if (old := ref()) is not None and old not in self._closed]
+        self._sinks = [*live, weakref.ref(sink)]
+
+    def close(self, sink: OtelMetricsSink) -> None:
+        self._closed.add(sink)
+
+    def _reader(self, name: str, summed: bool) -> Reader:
+        def observe(options: Any) -> Iterator[metrics.Observation]:
+            sinks = [sink for sink in (ref() for ref in self._sinks) if sink is not None]
+            if len(sinks) == 1:  # the usual case: one recorder per meter, its observations as they are
+                yield from sinks[0].readers[name](options)
+                return
+            merged: dict[frozenset[tuple[str, Any]], tuple[Any, float]] = {}
+            for sink in sinks:
+                for point in sink.readers[name](options):
+                    key = frozenset((point.attributes or {}).items())
+                    earlier = merged.get(key)
+                    value = point.value + earlier[1] if summed and earlier is not None else point.value
+                    merged[key] = (point.attributes, value)
+            for attributes, value in merged.values():
+                yield metrics.Observation(value, attributes)
+
+        return observe
+
+
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, _MeterInstruments] = weakref.WeakKeyDictionary()
+_INSTRUMENTS_LOCK = threading.Lock()
+
+
+def _instruments(meter: metrics.Meter) -> _MeterInstruments:
+    with _INSTRUMENTS_LOCK:
+        shared = _INSTRUMENTS.get(meter)
+        if shared is None:
+            shared = _INSTRUMENTS[meter] = _MeterInstruments(meter)
+        return shared
+
+
 class OtelMetricsSink:
     """A :class:`~.sink.MetricsSink` on an OpenTelemetry Meter.
 
@@ -85,7 +153,7 @@ class OtelMetricsSink:
         self._keys: dict[tuple[Any, ...], Pairs] = {}
         self._deferred: Any = None
         #: The instruments observed from state read at collection; every other counter is pre-aggregated.
-        readers: dict[str, Callable[[Any], Iterator[metrics.Observation]]] = {
+        readers: dict[str, Reader] = {
             _DROPPED: self._drain_and_observe,
             "mcp_token.sessions": self._observe_sessions,
             "mcp_token.output_rate_budget": self._observe_budgets,
@@ -97,26 +165,18 @@ class OtelMetricsSink:
         }
         lock = threading.Lock()
         self.counts: dict[str, CountFamily] = {}
-        self._histograms: dict[str, metrics.Histogram] = {}
-        # Collection runs observable callbacks (in creation order) before it reads the synchronous
-        # instruments, so the drop counter, created first, drains a DeferredSink's queue before anything is
-        # read: every export (and the final one at shutdown) is complete.
-        for family in sorted(otel_families("recorder"), key=lambda f: f.otel_name != _DROPPED):
+        for family in otel_families("recorder"):
             name = family.otel_name
-            if family.kind == "histogram":
-                self._histograms[name] = meter.create_histogram(
-                    name, unit=family.otel_unit, description=family.help,
-                    explicit_bucket_boundaries_advisory=family.buckets,
-                )
+            if family.kind == "histogram" or name in readers:
                 continue
-            callback = readers.get(name)
-            if callback is None:
-                if family.kind != "counter":
-                    raise ValueError(f"{name}: a gauge the OpenTelemetry sink has no reader for")
-                callback = _observer(self.counts.setdefault(name, CountFamily(lock, _no_labels, _OVERFLOW)))
-            create = meter.create_observable_counter if family.kind == "counter" else meter.create_observable_gauge
-            create(name, callbacks=[callback], unit=family.otel_unit, description=family.help)
-        h = self._histograms  # the hot paths' instruments and families, named once
+            if family.kind != "counter":
+                raise ValueError(f"{name}: a gauge the OpenTelemetry sink has no reader for")
+            readers[name] = _observer(self.counts.setdefault(name, CountFamily(lock, _no_labels, _OVERFLOW)))
+        #: What each observable instrument reads from this sink (the meter's shared instruments call these).
+        self.readers = readers
+        self._shared = _instruments(meter)
+        self._shared.add(self)
+        h = self._histograms = self._shared.histograms  # the hot paths' instruments and families, named once
         self._tokens, self._overhead = h["mcp_token.message.tokens"], h["mcp_token.overhead.ratio"]
         self._utilization = h["mcp_token.session.utilization"]
         self._operation = {"client": h[MCP_CLIENT_OPERATION_DURATION], "server": h[MCP_SERVER_OPERATION_DURATION]}
@@ -154,6 +214,10 @@ class OtelMetricsSink:
     def _observe_overflow(self, _options: Any) -> Iterator[metrics.Observation]:
         for name, family in self.counts.items():
             yield metrics.Observation(family.folded, {M_FAMILY: name})
+
+    def close(self) -> None:
+        """The recorder is done: its totals stay as they are until a new recorder on the same meter starts."""
+        self._shared.close(self)
 
     def set_deferred(self, deferred: Any) -> None:
         """Called by the DeferredSink that wraps this sink."""
@@ -280,7 +344,7 @@ class OtelMetricsSink:
         self._add("mcp_token.cost", (side, server, tool), usd)
 
 
-def _observer(family: CountFamily) -> Callable[[Any], Iterator[metrics.Observation]]:
+def _observer(family: CountFamily) -> Reader:
     def observe(_options: Any) -> Iterator[metrics.Observation]:
         for attrs, value in family.values():
             yield metrics.Observation(value, dict(attrs))

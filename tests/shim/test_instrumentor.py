@@ -170,3 +170,28 @@ def test_a_failed_hook_is_not_counted_as_instrumented(otel: Otel, monkeypatch: p
         assert [vars(owner).get(name) for owner, name in HOOKED[:3]] == ORIGINAL[:3]  # undone
     on("class", otel)
     assert_hooked(otel)
+
+
+def _output_tokens(otel: Otel) -> float:
+    points = otel.metrics().get("mcp_token.tokens", [])
+    wanted = {"mcp_token.direction": "output", "mcp_token.side": "server"}
+    return sum(p.value for p in points if wanted.items() <= dict(p.attributes).items())
+
+
+def test_instrumenting_again_on_the_same_meter_provider_reports_the_new_recorder(otel: Otel) -> None:
+    """The SDK hands back an existing instrument for a name it has seen (and drops the new callbacks): the
+    observable counters of a second instrument() on the same MeterProvider must report its calls, not the
+    first recorder's frozen totals."""
+    on("function", otel)
+    assert measured(otel)
+    one_call = _output_tokens(otel)
+    assert one_call > 0
+    off("function")
+    assert not measured(otel)
+    assert _output_tokens(otel) == one_call  # an uninstrumented recorder's totals stay, frozen
+    on("class", otel)
+    assert measured(otel) and measured(otel)
+    assert _output_tokens(otel) == 2 * one_call  # the second recorder's two calls, the first one's replaced
+    off("class")
+    assert not measured(otel)
+    assert _output_tokens(otel) == 2 * one_call
