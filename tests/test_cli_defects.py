@@ -233,6 +233,7 @@ def _assert_no_secret(out: subprocess.CompletedProcess[bytes]) -> None:
         assert secret.encode() not in shown, shown.decode(errors="replace")
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 @pytest.mark.parametrize("command", ["profile", "lock", "check"])
 def test_failing_governance_commands_never_print_credentials(command: str, tmp_path: Path,
                                                               refusing_server: int) -> None:

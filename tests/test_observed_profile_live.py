@@ -221,6 +221,7 @@ def test_observed_but_not_listed_and_another_server(called: dict[str, Any], tmp_
     assert "not observed" in other.stdout
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_lock_and_check_use_the_effective_tier(called: dict[str, Any], tmp_path: Path) -> None:
     static_lock, observed_lock = tmp_path / "static.lock.json", tmp_path / "observed.lock.json"
     assert cli("lock", "-o", str(static_lock), "--url", called["mcp"]).returncode == 0

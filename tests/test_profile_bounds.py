@@ -230,6 +230,7 @@ def fixture(*extra: str) -> list[str]:
     return ["--stdio", "--", sys.executable, str(FIXTURE), *extra]
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_profile_of_the_filesystem_shaped_server() -> None:
     out = cli("profile", "--json", *fixture())
     assert out.returncode == 0, out.stderr
@@ -252,6 +253,7 @@ def test_profile_of_the_filesystem_shaped_server() -> None:
         "high", "unknown", "unknown"]
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_check_flags_the_removed_maximum(tmp_path: Path) -> None:
     lock = tmp_path / "fs.lock.json"
     assert cli("lock", "-o", str(lock), *fixture()).returncode == 0
@@ -269,6 +271,7 @@ def test_check_flags_the_removed_maximum(tmp_path: Path) -> None:
             "detail": "'limit': maximum 50 removed"} in report["differences"]
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_check_against_a_lock_of_another_server_is_one_error_line(tmp_path: Path) -> None:
     data = json.loads(PREVIOUS_LOCK.read_text())
     data["server"]["name"] = "github"
@@ -280,6 +283,7 @@ def test_check_against_a_lock_of_another_server_is_one_error_line(tmp_path: Path
         f"error: lockfile is for server 'github', this is server 'filesystem-fixture' (lockfile {lock})"]
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_check_with_the_previous_versions_lock_and_full_names(tmp_path: Path) -> None:
     # The previous version rated read_file "low, bounded": this one says what changed in the rating.
     out = cli("check", "--lock", str(PREVIOUS_LOCK), "--fail-on", "risky", *fixture())
@@ -313,6 +317,7 @@ def test_lint_in_profile_and_check(tmp_path: Path) -> None:
     assert check.stdout.splitlines()[-1] == "no differences: the server matches the lock"
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_rule_compact_and_its_hidden_alias(tmp_path: Path) -> None:
     helps = cli("profile", "--help").stdout + cli("lock", "--help").stdout
     assert "compact" in helps and "seed" not in helps

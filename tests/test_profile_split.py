@@ -109,6 +109,7 @@ def test_profile_json_table_and_markdown_show_the_split_of_every_tool() -> None:
             "critical |") in markdown
 
 
+@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_the_split_adds_up_for_every_tool_of_the_filesystem_shaped_server() -> None:
     out = cli("profile", "--json", *fixture_server())
     assert out.returncode == 0, out.stderr

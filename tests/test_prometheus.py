@@ -33,7 +33,7 @@ from mcp_token_otel.emitters.metrics_server import BasicAuth, MetricsServer, met
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics, label_value
 from mcp_token_otel.recorder import TokenRecorder
 
-BIG = {"content": [{"type": "text", "text": "word " * 12000}]}  # ~10k tokens estimated: critical
+BIG = {"content": [{"type": "text", "text": "word " * 14000}]}  # ~10k tokens estimated: critical
 SMALL = {"content": [{"type": "text", "text": "ok"}], "_meta": {"k": "v"}}
 
 

@@ -59,7 +59,8 @@ class _MeterInstruments:
 
     def __init__(self, meter: metrics.Meter) -> None:
         self._sinks: list[weakref.ref[OtelMetricsSink]] = []
-        self._closed: weakref.WeakSet[OtelMetricsSink] = weakref.WeakSet()
+        #: Closed sinks, held so that their totals outlive their recorder (until the next sink replaces them).
+        self._closed: list[OtelMetricsSink] = []
         self.histograms: dict[str, metrics.Histogram] = {}
         # Collection runs observable callbacks (in creation order) before it reads the synchronous
         # instruments, so the drop counter, created first, drains a DeferredSink's queue before anything is
@@ -77,11 +78,12 @@ class _MeterInstruments:
                    description=family.help)
 
     def add(self, sink: OtelMetricsSink) -> None:
-        live = [ref for ref in self._sinks if (old := ref()) is not None and old not in self._closed]
+        live = [ref for ref in self._sinks if (old := ref()) is not None and all(old is not c for c in self._closed)]
         self._sinks = [*live, weakref.ref(sink)]
+        self._closed = []
 
     def close(self, sink: OtelMetricsSink) -> None:
-        self._closed.add(sink)
+        self._closed.append(sink)
 
     def _reader(self, name: str, summed: bool) -> Reader:
         def observe(options: Any) -> Iterator[metrics.Observation]:
