@@ -171,6 +171,32 @@ class OtelConfig:
     shutdown_timeout_seconds: float = field(default=3.0, metadata=_POSITIVE)
 
 
+#: The sides of an MCP session the shim can instrument (``instrumentation.sides``).
+INSTRUMENTATION_SIDES: tuple[str, ...] = ("client", "server")
+
+
+@dataclass(frozen=True)
+class InstrumentationConfig:
+    #: The sides the shim instruments in this process: an operator who owns only the server (or only the
+    #: client) leaves the other side to its owner and pays for one side per call.
+    sides: list[str] = field(
+        default_factory=lambda: list(INSTRUMENTATION_SIDES),
+        metadata=_check(
+            "a non-empty list of " + ", ".join(INSTRUMENTATION_SIDES) + " (or one of them)",
+            lambda v: bool(v) and all(side in INSTRUMENTATION_SIDES for side in v),
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sides, str):  # one side, or a comma-separated list, as a string
+            object.__setattr__(self, "sides", _build_list(self.sides, "instrumentation.sides"))
+        elif isinstance(self.sides, tuple):
+            object.__setattr__(self, "sides", list(self.sides))
+        if not self.sides or any(side not in INSTRUMENTATION_SIDES for side in self.sides):
+            raise ValueError(f"instrumentation.sides: expected a non-empty list of {', '.join(INSTRUMENTATION_SIDES)}"
+                             f", got {self.sides!r}")
+
+
 @dataclass(frozen=True)
 class Config:
     estimator: str = field(
@@ -182,6 +208,8 @@ class Config:
         default="area",
         metadata=_check("one of " + ", ".join(IMAGE_TOKEN_RULES), lambda v: v in IMAGE_TOKEN_RULES),
     )
+    #: Which sides of a session the shim instruments.
+    instrumentation: InstrumentationConfig = field(default_factory=InstrumentationConfig)
     risk: RiskConfig = field(default_factory=RiskConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     spans: SpansConfig = field(default_factory=SpansConfig)
@@ -243,7 +271,7 @@ def _expect_type(path: str, value: Any, hint: Any) -> Any:
     if typing.get_origin(hint) is types.UnionType:  # `X | None`: an optional override (guard.tools.*)
         inner = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         return None if value is None else _expect_type(path, value, inner[0])
-    if typing.get_origin(hint) is list:  # guard.sides
+    if typing.get_origin(hint) is list:  # guard.sides, instrumentation.sides
         return _build_list(value, path)
     if hint is bool:
         ok = isinstance(value, bool)

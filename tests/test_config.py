@@ -240,3 +240,21 @@ def test_image_tokens_reaches_the_policy_and_names_the_key() -> None:
     assert build_policy(config).image_tokens == "tiles"
     with pytest.raises(ConfigError, match=r"'image_tokens': expected one of area, tiles, patches, base64"):
         load_config(env={"MCP_TOKEN_OTEL_IMAGE_TOKENS": "pixels"})
+
+
+def test_instrumentation_sides_default_env_and_errors() -> None:
+    assert load_config(env={}).instrumentation.sides == ["client", "server"]
+    assert load_config(env={"MCP_TOKEN_OTEL_INSTRUMENTATION_SIDES": "server"}).instrumentation.sides == ["server"]
+    both = load_config(env={"MCP_TOKEN_OTEL_INSTRUMENTATION_SIDES": "client, server"})
+    assert both.instrumentation.sides == ["client", "server"]
+    assert config_from_dict({"instrumentation": {"sides": ["client"]}}).instrumentation.sides == ["client"]
+    config = config_from_dict({"instrumentation": {"sides": "server"}})
+    assert config_from_dict(config_as_dict(config)) == config
+    for bad in ("proxy", [], "", ["server", "serve"]):
+        with pytest.raises(ConfigError, match=r"config key 'instrumentation\.sides': expected a non-empty list of "
+                                              r"client, server"):
+            config_from_dict({"instrumentation": {"sides": bad}})
+    with pytest.raises(ConfigError, match=r"config key 'instrumentation\.sides': expected a list of names"):
+        config_from_dict({"instrumentation": {"sides": 3}})
+    with pytest.raises(ConfigError, match=r"'instrumentation\.sides'.*got \['clients'\]"):
+        load_config(env={"MCP_TOKEN_OTEL_INSTRUMENTATION_SIDES": "clients"})
