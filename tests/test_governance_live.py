@@ -18,6 +18,8 @@ import pytest
 
 from .support import ROOT, free_port, node_env, npm_peer
 
+pytestmark = pytest.mark.slow  # every test here runs real servers or the CLI in subprocesses
+
 STDIO_SERVER = ROOT / "tests" / "shim" / "servers" / "stdio_server.py"
 LOOPBACK = ROOT / "tests" / "loopback.cjs"
 BIN = Path(sys.executable).parent
@@ -109,7 +111,6 @@ def test_profile_the_projects_stdio_server() -> None:
     assert big["definition_tokens"] > 20 and data["definition_tokens"] == data["tool_definition_tokens"]
 
 
-@pytest.mark.slow
 def test_profile_mcp_server_time_table_and_exact_estimator(time_file: Path) -> None:
     exe = console_script("mcp-server-time")
     out = cli("profile", "--stdio", "--", exe)
@@ -126,7 +127,6 @@ def test_profile_mcp_server_time_table_and_exact_estimator(time_file: Path) -> N
     assert abs(exact["definition_tokens"] - default["definition_tokens"]) <= 0.15 * exact["definition_tokens"]
 
 
-@pytest.mark.slow
 def test_profile_mcp_server_git_markdown() -> None:
     exe = console_script("mcp-server-git")
     out = cli("profile", "--markdown", "--stdio", "--", exe)
@@ -139,7 +139,6 @@ def test_profile_mcp_server_git_markdown() -> None:
     assert "| high | unknown | unknown |" in text and "unknown: no outputSchema" in text
 
 
-@pytest.mark.slow
 def test_profile_everything_over_stdio_and_http_agree(everything_url: str) -> None:
     over_stdio = profile_json("--stdio", "--", *everything_stdio())
     over_http = profile_json("--url", everything_url, "--header", "X-Test: governance")
@@ -178,7 +177,6 @@ def test_seed_rule_reproduces_the_seed_example(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- lock
 
 
-@pytest.mark.slow
 def test_lock_is_byte_identical_twice_and_across_transports(tmp_path: Path, everything_url: str) -> None:
     first, second, http = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
     for path in (first, second):
@@ -190,7 +188,6 @@ def test_lock_is_byte_identical_twice_and_across_transports(tmp_path: Path, ever
     assert data["lock_version"] == 1 and data["server"]["name"] == "mcp-servers/everything"
 
 
-@pytest.mark.slow
 def test_lock_default_path_and_stdout(tmp_path: Path, time_file: Path) -> None:
     exe = console_script("mcp-server-time")
     out = cli("lock", "--stdio", "--", exe, cwd=tmp_path)
@@ -201,7 +198,6 @@ def test_lock_default_path_and_stdout(tmp_path: Path, time_file: Path) -> None:
     assert piped.stdout == written  # a saved listing locks to the same bytes as the live server
 
 
-@pytest.mark.slow
 def test_lock_on_mcp_1x_matches_mcp_2x(tmp_path: Path) -> None:
     v1 = ROOT / ".venv-mcp1" / "bin" / "python"
     if not v1.exists():
@@ -235,7 +231,6 @@ def saved_lists(tmp_path: Path, url: str) -> tuple[Path, dict[str, Any]]:
     return path, listing
 
 
-@pytest.mark.slow
 def test_check_clean_then_breaking_then_risky(tmp_path: Path, everything_url: str) -> None:
     lock = tmp_path / "mcp-token-otel.lock.json"
     assert cli("lock", "-o", str(lock), "--url", everything_url).returncode == 0
@@ -273,7 +268,6 @@ def test_check_clean_then_breaking_then_risky(tmp_path: Path, everything_url: st
     assert md.returncode == 0 and "| **RISKY** | tool | `get-structured-content` | became unbounded |" in md.stdout
 
 
-@pytest.mark.slow
 def test_check_budget_and_percentage_flags(tmp_path: Path, time_file: Path) -> None:
     lock = tmp_path / "time.lock.json"
     assert cli("lock", "-o", str(lock), str(time_file)).returncode == 0
@@ -325,7 +319,6 @@ def test_errors_are_one_line_and_exit_2(args: tuple[str, ...], message: str) -> 
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.slow
 def test_a_dying_server_and_a_silent_one(tmp_path: Path) -> None:
     dying = cli("profile", "--stdio", "--", sys.executable, "-c", "import sys; sys.exit('no config found')")
     assert dying.returncode == 2 and dying.stderr.count("\n") == 1
@@ -377,7 +370,6 @@ def test_lock_errors_leave_no_temporary_file(tmp_path: Path) -> None:
 PAGED_SERVER = ROOT / "tests" / "governance_paged_server.py"
 
 
-@pytest.mark.slow
 def test_every_list_is_followed_through_its_pages() -> None:
     data = profile_json("--stdio", "--", sys.executable, str(PAGED_SERVER))
     assert data["counts"] == {"tools": 7, "resources": 5, "resource_templates": 2, "prompts": 3}
@@ -388,7 +380,6 @@ def test_every_list_is_followed_through_its_pages() -> None:
     assert only_tools["counts"] == {"tools": 7, "resources": 0, "resource_templates": 0, "prompts": 0}
 
 
-@pytest.mark.slow
 def test_mcp_1x_client_follows_pages_too() -> None:
     v1 = ROOT / ".venv-mcp1" / "bin" / "python"
     if not v1.exists():
@@ -400,7 +391,6 @@ def test_mcp_1x_client_follows_pages_too() -> None:
     assert json.loads(out.stdout)["counts"] == {"tools": 7, "resources": 5, "resource_templates": 2, "prompts": 3}
 
 
-@pytest.mark.slow
 def test_a_cursor_that_never_ends_is_an_error() -> None:
     out = cli("profile", "--stdio", "--", sys.executable, str(PAGED_SERVER), "loop")
     assert out.returncode == 2 and "tools/list: the server repeated the cursor '0'" in out.stderr
@@ -410,7 +400,6 @@ def test_a_cursor_that_never_ends_is_an_error() -> None:
 # --------------------------------------------------------------------------- the CI recipe
 
 
-@pytest.mark.slow
 def test_example_workflow_commands_run_as_written(tmp_path: Path) -> None:
     """The commands of examples/github-workflow-token-check.yml, with the project's test server standing in
     for ``python -m my_mcp_server``."""
@@ -480,7 +469,6 @@ def guarded_url() -> Iterator[str]:
         thread.join(timeout=10)
 
 
-@pytest.mark.slow
 def test_headers_reach_the_server(guarded_url: str) -> None:
     data = profile_json("--url", guarded_url, "--header", "Authorization: Bearer s3cret")
     assert data["server"]["name"] == "guarded" and [t["name"] for t in data["tools"]] == ["whoami"]

@@ -26,6 +26,8 @@ import pytest
 from .support import ROOT, free_port, require_binary
 from .test_governance_live import cli
 
+pytestmark = pytest.mark.slow  # every test here drives a live server and the CLI in subprocesses
+
 NAME = "observed-fixture"
 CONTENT_MAX = 2000
 FILE_BYTES = 100_000
@@ -221,7 +223,6 @@ def test_observed_but_not_listed_and_another_server(called: dict[str, Any], tmp_
     assert "not observed" in other.stdout
 
 
-@pytest.mark.slow  # a live server over stdio, in a subprocess
 def test_lock_and_check_use_the_effective_tier(called: dict[str, Any], tmp_path: Path) -> None:
     static_lock, observed_lock = tmp_path / "static.lock.json", tmp_path / "observed.lock.json"
     assert cli("lock", "-o", str(static_lock), "--url", called["mcp"]).returncode == 0
@@ -268,7 +269,6 @@ def _query(prometheus: str, expr: str) -> list[dict[str, Any]]:
         return list(json.loads(response.read())["data"]["result"])
 
 
-@pytest.mark.slow
 def test_profile_from_prometheus(called: dict[str, Any], text_file: Path, tmp_path: Path) -> None:
     prometheus = require_binary("prometheus")
     port = free_port()
