@@ -1,0 +1,3 @@
+module mcp-token-otel.test/peers/tools
+
+go 1.26
