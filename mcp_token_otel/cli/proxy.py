@@ -43,6 +43,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--inject-trace-context", action="store_true",
                    help="write the proxy span's W3C traceparent into params._meta of requests that carry none, "
                         "so the server's spans become its children (off: messages are never rewritten)")
+    p.add_argument("--max-connections", type=_positive_int, default=None, metavar="N",
+                   help="HTTP: open client connections at most; beyond, new ones are answered 503 (default 1024)")
+    p.add_argument("--peer-share", type=_share, default=None, metavar="FRACTION",
+                   help="HTTP: the share of --max-connections one client address may hold, above 0 and at most 1 "
+                        "(default 0.5), so one client's stuck connections cannot lock the others out")
+    p.add_argument("--body-timeout", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="HTTP: how long a client has to send a whole request body (default 60)")
     p.add_argument("--shutdown-grace", type=_seconds, default=30.0, metavar="SECONDS",
                    help="stdio: after the client closes its input, how long the server has to answer the calls "
                         "in flight and exit before it is stopped (default 30)")
@@ -67,6 +74,29 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _positive_seconds(value: str) -> float:
+    seconds = _seconds(value)
+    if seconds == 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
+    return seconds
+
+
+def _positive_int(value: str) -> int:
+    if not value.strip().isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 1 or more, got {value!r}")
+    return int(value)
+
+
+def _share(value: str) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction above 0 and at most 1, got {value!r}")
+    return share
+
+
 def _fail(message: str) -> int:
     print(f"{PREFIX}: error: {message}", file=sys.stderr)
     return 2
@@ -89,6 +119,11 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         return _fail("HTTP mode needs both --listen HOST:PORT and --upstream URL")
     if not http_mode and not command:
         return _fail("nothing to proxy: give -- COMMAND [ARGS...] or --listen HOST:PORT --upstream URL")
+    http_only = [flag for flag, value in (("--max-connections", args.max_connections),
+                                          ("--peer-share", args.peer_share), ("--body-timeout", args.body_timeout))
+                 if value is not None]
+    if http_only and not http_mode:
+        return _fail(f"{', '.join(http_only)}: for the HTTP proxy (--listen/--upstream), not for -- COMMAND")
     if args.print_client_config:
         if http_mode:
             return _fail("--print-client-config is for stdio servers (-- COMMAND); an HTTP client points at "
@@ -191,7 +226,10 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     from ..proxy.http import HttpProxy, parse_listen
 
     host, port = parse_listen(args.listen)
-    proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context)
+    limits = {key: value for key, value in (("max_connections", args.max_connections),
+                                            ("peer_share", args.peer_share), ("body_timeout", args.body_timeout))
+              if value is not None}  # unset: the proxy's own defaults
+    proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context, **limits)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
     metrics = _metrics_servable(args, config)
     return _relay(proxy, _telemetry(args, config, proxy.name, metrics=metrics))
