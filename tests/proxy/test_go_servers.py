@@ -1,0 +1,242 @@
+"""Servers in another language behind the proxy: two Go MCP servers (tests/peers/go, one on the official Go SDK,
+one on mcp-go, built from pinned modules by scripts/go-peers) with the tools of the Python twin
+(servers/twin_server.py).
+
+Through the stdio and the HTTP proxy: the bytes direct and proxied are the same, token figures equal the twin's
+for the same results, budgets and guards act, nothing is counted as invalid. Every way the Go servers were seen to
+differ from the Python SDK on the wire has a test that the proxy relays it unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from ..support import ROOT
+from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
+from .test_http import _open, http_proxy
+
+pytestmark = pytest.mark.slow
+
+GO_SERVERS = ("gosdk", "mcpgo")
+TWIN = Path(__file__).parent / "servers" / "twin_server.py"
+TOOLS = ("read_document", "weather", "fail", "image")
+WAIT = 30.0  # seconds, for any one answer
+
+
+@pytest.fixture(scope="session")
+def go_peers() -> dict[str, str]:
+    """Server name -> binary, built (or found in the cache) by scripts/go-peers."""
+    if shutil.which("go") is None:
+        pytest.skip("'go' is not on PATH: the Go MCP test servers are built from source with Go 1.26")
+    done = subprocess.run([str(ROOT / "scripts" / "go-peers")], capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr
+    return {Path(path).name: path for path in done.stdout.split()}
+
+
+def message(msg_id: int | str | None, method: str, params: dict[str, Any] | None = None) -> bytes:
+    body: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if msg_id is not None:
+        body["id"] = msg_id
+    if params is not None:
+        body["params"] = params
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def initialize(version: str = "2025-11-25") -> list[tuple[bytes, int]]:
+    params = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}
+    return [(message(1, "initialize", params), 1), (message(None, "notifications/initialized"), 0)]
+
+
+def call(msg_id: int | str, tool: str, arguments: dict[str, Any] | None = None) -> tuple[bytes, int]:
+    return message(msg_id, "tools/call", {"name": tool, "arguments": arguments or {}}), 1
+
+
+#: (a line the client writes, how many lines it answers): every tool, ids of both types.
+CONVERSATION = [*initialize(), (message(2, "tools/list"), 1), call(3, "read_document"), call(4, "weather"),
+                call(5, "fail"), call(6, "image"), call("doc-7", "read_document", {"lines": 3})]
+
+
+class Stdio:
+    """A process spoken to in raw lines; its stdout is read on a thread, every wait is bounded."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            self.lines.put(line)
+        self.lines.put(b"")  # EOF
+
+    def send(self, line: bytes, replies: int) -> list[bytes]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + b"\n")
+        self.proc.stdin.flush()
+        return [self.lines.get(timeout=WAIT) for _ in range(replies)]
+
+    def finish(self) -> tuple[bytes, int]:
+        """Closes stdin: what the process still wrote, and its exit status."""
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self.proc.stdin.close()
+        rest = b"".join(iter(lambda: self.lines.get(timeout=WAIT), b""))
+        return rest, self.proc.wait(timeout=WAIT)
+
+
+@contextlib.contextmanager
+def stdio(argv: list[str], env: dict[str, str]) -> Iterator[Stdio]:
+    talker = Stdio(argv, env)
+    try:
+        yield talker
+    finally:
+        if talker.proc.poll() is None:
+            talker.proc.kill()
+        talker.proc.wait(timeout=WAIT)
+
+
+def proxied(command: list[str], name: str, metrics_port: int, **env: str) -> tuple[list[str], dict[str, str]]:
+    """The stdio proxy's argv and environment in front of ``command``, the default estimator."""
+    argv = proxy_argv("--name", name, "--metrics-port", str(metrics_port), "--", *command)
+    return argv, {**os.environ, **proxy_env(), "MCP_TOKEN_OTEL_ESTIMATOR": "default", **env}
+
+
+def responses_seen(count: int) -> Callable[[str], bool]:
+    """Whether /metrics shows ``count`` responses from the server (measured off the relay path: it lags)."""
+    return lambda text: sample(text, "mcp_token_proxy_messages_total", direction="server_to_client",
+                               kind="response") >= count
+
+
+def metrics_when(port: int, ready: Callable[[str], bool]) -> str:
+    def scraped() -> str | None:
+        with contextlib.suppress(OSError):
+            text = scrape(port)
+            return text if ready(text) else None
+        return None
+
+    return wait_for(scraped, timeout=WAIT, what="the proxy's metrics")
+
+
+def converse(argv: list[str], env: dict[str, str], lines: list[tuple[bytes, int]], metrics_port: int | None = None,
+             ready: Callable[[str], bool] | None = None) -> tuple[bytes, int, str]:
+    """(every byte the process wrote, its exit status, the proxy's /metrics once ``ready`` (default: every
+    answer was measured), or "" without a metrics port)."""
+    with stdio(argv, env) as talker:
+        out = b"".join(b"".join(talker.send(line, replies)) for line, replies in lines)
+        ready = ready or responses_seen(sum(replies for _, replies in lines))
+        text = metrics_when(metrics_port, ready) if metrics_port is not None else ""
+        rest, status = talker.finish()
+    return out + rest, status, text
+
+
+def answers(out: bytes) -> list[Any]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def tool_figures(text: str, server: str) -> dict[str, dict[str, float]]:
+    """Per tool: the proxy's token and byte counts, both directions, and its responses per tier."""
+    figures: dict[str, dict[str, float]] = {}
+    for tool in TOOLS:
+        labels = {"side": "proxy", "server": server, "tool": tool}
+        figures[tool] = {f"{family}:{direction}": sample(text, family, **labels, direction=direction)
+                         for family in ("mcp_token_tokens_total", "mcp_token_bytes_total")
+                         for direction in ("input", "output")}
+        for tier in ("low", "medium", "high", "critical"):
+            figures[tool][tier] = sample(text, "mcp_token_responses_total", **labels, risk_tier=tier)
+    return figures
+
+
+def assert_clean(text: str, server: str) -> None:
+    """Nothing counted as not JSON-RPC, nothing the measurer dropped."""
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="invalid") == 0
+    assert sample(text, "mcp_token_proxy_measurement_dropped_bytes_total", server=server) == 0
+    assert sample(text, "mcp_token_instrumentation_errors_total", server=server) == 0
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_stdio_byte_identical(go_peers: dict[str, str], server: str) -> None:
+    """Every byte the Go server writes reaches the client unchanged (its HTML-safe escapes \\u003c \\u0026, its
+    key order, its omitted fields), and the proxy counts each message by kind, none invalid."""
+    binary = go_peers[server]
+    direct = converse([binary], dict(os.environ), CONVERSATION)
+    port = free_port()
+    out, status, text = converse(*proxied([binary], server, port), CONVERSATION, metrics_port=port)
+    assert (out, status) == direct[:2] and status == 0
+    assert b"\\u003cdraft\\u003e \\u0026 notes" in out  # Go's encoding/json escapes; the Python SDK writes "<"
+    assert_clean(text, server)
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="unmatched") == 0
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, direction="server_to_client",
+                  kind="response") == 7
+    assert sample(text, "mcp_token_call_errors_total", side="proxy", server=server, tool="fail",
+                  error_type="tool_error") == 1
+    assert sample(text, "mcp_token_tool_definition_tokens", server=server, tool="read_document") > 0
+
+
+def test_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> None:
+    """The same results from three SDKs in two languages (Go's escapes and key order, Python's), measured
+    through the stdio proxy with the default estimator: every per-tool figure is equal."""
+    commands = {"gosdk": [go_peers["gosdk"]], "mcpgo": [go_peers["mcpgo"]], "twin": [sys.executable, str(TWIN)]}
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    results: dict[str, list[Any]] = {}
+    for server, command in commands.items():
+        port = free_port()
+        out, status, text = converse(*proxied(command, server, port), CONVERSATION, metrics_port=port)
+        assert status == 0
+        assert_clean(text, server)
+        figures[server] = tool_figures(text, server)
+        results[server] = [a["result"] for a in answers(out) if a["id"] not in (1, 2)]  # not initialize, tools/list
+    assert results["gosdk"] == results["mcpgo"] == results["twin"]  # the same JSON values
+    assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
+    assert figures["twin"]["read_document"]["mcp_token_tokens_total:output"] > 8_000  # ~42 KB, twice read
+    assert figures["twin"]["image"]["mcp_token_tokens_total:output"] > 0
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_guards_and_budget(go_peers: dict[str, str], server: str) -> None:
+    """Guards enforced in front of a Go server: the large result is cut to the cap, a result left alone goes on
+    as the server's very bytes, the session budget passes warning and exhaustion once each, then calls are
+    refused by the proxy."""
+    binary = go_peers[server]
+    lines = [*initialize(), (message(2, "tools/list"), 1), *(call(i, "read_document") for i in range(3, 7)),
+             call(7, "weather")]
+    direct = converse([binary], dict(os.environ), lines)[0].splitlines()
+    port = free_port()
+    env = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": "2000",
+           "MCP_TOKEN_OTEL_BUDGET_CONTEXT_WINDOW": "6000", "MCP_TOKEN_OTEL_GUARD_SESSION_HARD_LIMIT": "true"}
+    # Three reads reach the server (about 2,000 tokens each enter the context), the rest are refused.
+    out, status, text = converse(*proxied([binary], server, port, **env), lines, metrics_port=port,
+                                 ready=responses_seen(5))
+    assert status == 0
+    proxied_lines = out.splitlines()
+    assert proxied_lines[:2] == direct[:2]  # initialize and tools/list: not changed, the same bytes
+    got = {a["id"]: a["result"] for a in answers(out)}
+    full = json.loads(direct[2])["result"]["content"][0]["text"]
+    (kept, notice) = got[3]["content"]
+    assert len(kept["text"]) < len(full) / 3 and full.startswith(kept["text"])
+    assert "truncated to the limit of 2,000 tokens" in notice["text"]
+    for refused, tool in ((got[6], "read_document"), (got[7], "weather")):
+        assert refused["isError"] is True and f"The call to {tool} was not made" in refused["content"][0]["text"]
+    labels = {"side": "proxy", "server": server}
+    assert sample(text, "mcp_token_guard_actions_total", **labels, policy="response_cap", action="truncated",
+                  enforced="true") == 3
+    assert sample(text, "mcp_token_guard_actions_total", **labels, policy="session_limit", action="refused",
+                  enforced="true") == 2
+    assert sample(text, "mcp_token_session_transitions_total", **labels, state="warning") == 1
+    assert sample(text, "mcp_token_session_transitions_total", **labels, state="exhausted") == 1
+    assert_clean(text, server)
