@@ -10,6 +10,7 @@ differ from the Python SDK on the wire has a test that the proxy relays it uncha
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import queue
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from ..support import ROOT
 from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
-from .test_http import _open, http_proxy
+from .test_http import _open
 
 pytestmark = pytest.mark.slow
 
@@ -239,4 +241,140 @@ def test_guards_and_budget(go_peers: dict[str, str], server: str) -> None:
                   enforced="true") == 2
     assert sample(text, "mcp_token_session_transitions_total", **labels, state="warning") == 1
     assert sample(text, "mcp_token_session_transitions_total", **labels, state="exhausted") == 1
+    assert_clean(text, server)
+
+
+# ---------------------------------------------------------------------- streamable HTTP
+
+#: Response headers that belong to one connection (RFC 9110 7.6.1) or one moment, not to the message.
+NOT_RELAYED = {"connection", "keep-alive", "transfer-encoding", "date"}
+BATCH = json.dumps([{"jsonrpc": "2.0", "id": 90, "method": "ping"}, {"jsonrpc": "2.0", "id": 91, "method": "ping"}])
+
+
+@contextlib.contextmanager
+def serving(command: list[str]) -> Iterator[str]:
+    """The URL of ``command --http 127.0.0.1:PORT`` while it runs."""
+    port = free_port()
+    proc = subprocess.Popen([*command, "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _open(port) or proc.poll() is not None, timeout=WAIT, what="the server listening")
+        assert proc.poll() is None
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=WAIT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=WAIT)
+
+
+def post(url: str, body: str, session: str | None) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One POST on its own connection: (status, every header as sent, names in their case, the body)."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if session:
+        headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WAIT)
+    try:
+        connection.request("POST", parts.path, body=body.encode(), headers=headers)
+        response = connection.getresponse()
+        return response.status, response.getheaders(), response.read()
+    finally:
+        connection.close()
+
+
+def http_conversation(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
+    """initialize, initialized, every tool and a batch, raw; the session id replaced by SESSION."""
+    first = post(url, initialize()[0][0].decode(), None)
+    session = next((v for k, v in first[1] if k.lower() == "mcp-session-id"), "")
+    bodies = [initialize()[1][0], *(line for line, _ in CONVERSATION[2:])]
+    exchanges = [first, *(post(url, body.decode(), session) for body in bodies), post(url, BATCH, session)]
+    return [(status, [(k, v.replace(session, "SESSION")) for k, v in headers if k.lower() not in NOT_RELAYED],
+             body.replace(session.encode(), b"SESSION")) for status, headers, body in exchanges]
+
+
+@contextlib.contextmanager
+def http_proxy(upstream: str, name: str) -> Iterator[tuple[str, int]]:
+    """(the HTTP proxy's base URL, its metrics port) while it runs, with the default estimator."""
+    port, metrics_port = free_port(), free_port()
+    argv = proxy_argv("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--name", name,
+                      "--metrics-port", str(metrics_port))
+    proc = subprocess.Popen(argv, env={**os.environ, **proxy_env(), "MCP_TOKEN_OTEL_ESTIMATOR": "default"})
+    try:
+        wait_for(lambda: _open(port) or proc.poll() is not None, timeout=WAIT, what="the proxy listening")
+        assert proc.poll() is None
+        yield f"http://127.0.0.1:{port}", metrics_port
+    finally:
+        proc.terminate()
+        try:
+            assert proc.wait(timeout=WAIT) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=WAIT)
+
+
+def http_metrics(metrics_port: int, responses: int) -> str:
+    return metrics_when(metrics_port, responses_seen(responses))
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
+    """Every status, header (in Go's canonical capitalisation, Mcp-Session-Id) and body byte as direct: the Go
+    SDK's SSE answer to every POST, mcp-go's plain JSON, and their different refusals of a batch."""
+    with serving([go_peers[server]]) as url:
+        direct = http_conversation(url)
+        with http_proxy(url, server) as (base, metrics_port):
+            through = http_conversation(base + "/mcp")
+            text = http_metrics(metrics_port, 7)
+    assert through == direct
+    assert ("Mcp-Session-Id", "SESSION") in direct[0][1]  # not the Python SDK's mcp-session-id
+    content_type = dict(direct[3][1])["Content-Type"]
+    assert content_type == {"gosdk": "text/event-stream", "mcpgo": "application/json"}[server]
+    assert direct[-1][0] == 400  # a batch on 2025-11-25 is refused (go-sdk in text/plain, mcp-go in JSON-RPC)
+    assert_clean(text, server)
+    # mcp-go's refusal is a JSON-RPC error with id null: a response to no request, counted as unmatched.
+    null_id_errors = sum(body.startswith(b'{"jsonrpc":"2.0","id":null,"error"') for _, _, body in direct)
+    assert null_id_errors == (server == "mcpgo")
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="unmatched") == null_id_errors
+    assert sample(text, "mcp_token_call_errors_total", side="proxy", server=server, tool="fail") == 1
+
+
+def test_http_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> None:
+    """Over the HTTP proxy too, the same results give the same figures, whatever the SDK's framing."""
+    commands = {"gosdk": [go_peers["gosdk"]], "mcpgo": [go_peers["mcpgo"]], "twin": [sys.executable, str(TWIN)]}
+    figures = {}
+    for server, command in commands.items():
+        with serving(command) as url, http_proxy(url, server) as (base, metrics_port):
+            http_conversation(base + "/mcp")
+            text = http_metrics(metrics_port, 7)
+        assert_clean(text, server)
+        figures[server] = tool_figures(text, server)
+    assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
+    assert figures["twin"]["read_document"]["mcp_token_tokens_total:output"] > 0
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_sdk_client_negotiates_the_same_through_the_proxy(go_peers: dict[str, str], server: str, mode: str) -> None:
+    """The mcp 2.x Client over HTTP: the protocol each Go SDK settles on (auto: mcp-go speaks 2026-07-28, the Go
+    SDK's HTTP handler answers 2025-11-25) and every result are the same through the proxy."""
+
+    async def session(url: str) -> list[Any]:
+        with anyio.fail_after(WAIT):
+            async with Client(url, mode=mode) as client:
+                results = [(await client.call_tool(tool, {})).model_dump(mode="json", exclude_none=True)
+                           for tool in TOOLS]
+                return [client.protocol_version, *results]
+
+    with serving([go_peers[server]]) as url:
+        direct = anyio.run(session, url)
+        with http_proxy(url, server) as (base, metrics_port):
+            through = anyio.run(session, base + "/mcp")
+            text = http_metrics(metrics_port, 4)
+    assert through == direct
+    assert direct[0] == ("2026-07-28" if mode == "auto" and server == "mcpgo" else "2025-11-25")
     assert_clean(text, server)
