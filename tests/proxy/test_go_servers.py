@@ -378,3 +378,78 @@ def test_sdk_client_negotiates_the_same_through_the_proxy(go_peers: dict[str, st
     assert through == direct
     assert direct[0] == ("2026-07-28" if mode == "auto" and server == "mcpgo" else "2025-11-25")
     assert_clean(text, server)
+
+
+# ---------------------------------------------------------------------- where Go differs from the Python SDK
+
+BIG_ID = 2**53 + 1  # an integer a float64 cannot hold
+
+
+def unmatched_seen(count: int) -> Callable[[str], bool]:
+    return lambda text: sample(text, "mcp_token_proxy_messages_total", kind="unmatched") >= count
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_stdio_differences_relayed_unchanged(go_peers: dict[str, str], server: str) -> None:
+    """What the Go servers do that the Python SDK does not, relayed as they do it (the same bytes and exit
+    status as direct): an id above 2**53 answered rounded (both Go SDKs decode ids as float64), so the answer
+    pairs with no request; the error texts of an unknown method; a batch on 2025-11-25 refused by mcp-go with
+    an id-null parse error, and ending the Go SDK's whole session (it exits)."""
+    binary = go_peers[server]
+    before = [*initialize("2099-01-01"), (message(BIG_ID, "ping"), 1), (message("", "ping"), 1),
+              (message(8, "no/such/method"), 1)]
+    after = [(BATCH.encode(), 1), (message(9, "ping"), 1)] if server == "mcpgo" else [(BATCH.encode(), 0)]
+    direct = converse([binary], dict(os.environ), before + after)
+    port = free_port()
+    with stdio(*proxied([binary], server, port)) as talker:
+        out = b"".join(b"".join(talker.send(line, replies)) for line, replies in before)
+        if server == "gosdk":  # read before the batch: the server's exit ends the proxy and its /metrics
+            text = metrics_when(port, unmatched_seen(1))
+        out += b"".join(b"".join(talker.send(line, replies)) for line, replies in after)
+        if server == "mcpgo":
+            text = metrics_when(port, unmatched_seen(2))
+        rest, status = talker.finish()
+    assert (out + rest, status) == direct[:2]
+    got = answers(out + rest)
+    assert got[0]["result"]["protocolVersion"] == "2025-11-25"  # an unknown version: both offer 2025-11-25
+    assert got[1] == {"jsonrpc": "2.0", "id": BIG_ID - 1, "result": {}}
+    assert got[2]["id"] == ""
+    assert got[3]["error"]["code"] == -32601
+    if server == "gosdk":
+        assert status == 1 and len(got) == 4  # the batch ended the session
+    else:
+        assert status == 0 and got[4] == {"jsonrpc": "2.0", "id": None,
+                                         "error": {"code": -32700, "message": "Failed to parse message"}}
+        assert got[5]["id"] == 9
+    assert_clean(text, server)
+    responses = 3 + (server == "mcpgo")  # initialize, the two pings, the error; the rounded id is unmatched
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, direction="server_to_client",
+                  kind="response") == responses
+    unmatched = 1 + (server == "mcpgo")  # the rounded id, and mcp-go's id-null error
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="unmatched") == unmatched
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_stdio_2026_protocol_through_the_proxy(go_peers: dict[str, str], server: str) -> None:
+    """Over stdio both Go SDKs speak 2026-07-28 (server/discover, serverInfo in each result's _meta) with the
+    mcp 2.x Client in auto mode: the same protocol and results through the proxy, measured, none invalid."""
+    port = free_port()
+    argv, env = proxied([go_peers[server]], server, port)
+    scraped: list[str] = []
+
+    async def session(params: StdioServerParameters, metrics_port: int | None) -> list[Any]:
+        with anyio.fail_after(WAIT * 2):
+            async with Client(params, mode="auto") as client:
+                results = [(await client.call_tool(tool, {})).model_dump(mode="json", exclude_none=True)
+                           for tool in TOOLS]
+                if metrics_port is not None:  # while the proxy runs
+                    scraped.append(await anyio.to_thread.run_sync(metrics_when, metrics_port, responses_seen(5)))
+                return [client.protocol_version, *results]
+
+    direct = anyio.run(session, StdioServerParameters(command=go_peers[server]), None)
+    through = anyio.run(session, StdioServerParameters(command=argv[0], args=argv[1:], env=env), port)
+    assert through == direct and direct[0] == "2026-07-28"
+    (text,) = scraped
+    assert_clean(text, server)
+    assert sample(text, "mcp_token_tokens_total", side="proxy", server=server, tool="read_document",
+                  direction="output") > 8_000
