@@ -46,8 +46,6 @@ Emitter = Literal["recorder", "proxy"]
 #: message under 64 tokens needs no finer bucket; 1 Mi is the largest context window on sale, so anything
 #: above it is one "+Inf" case), which keeps /metrics small at 100 tools.
 TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 11))
-#: 0.3 is the default risk.max_overhead_ratio (the dashboards draw it as a threshold).
-RATIO_BUCKETS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 #: The MCP conventions' boundaries for the operation and session durations (seconds).
 DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -138,19 +136,19 @@ FAMILIES: tuple[Family, ...] = (
            "UTF-8 bytes of one MCP response as measured (output messages only).", _MESSAGE, BYTE_BUCKETS),
     Family("mcp_token_bytes", "counter", "bytes", "UTF-8 bytes of MCP messages.",
            _MESSAGE, otel_name="mcp_token.bytes", otel_unit="By"),
-    Family("mcp_token_responses", "counter", "messages", "Output messages per risk tier.",
+    Family("mcp_token_responses", "counter", "messages",
+           "Output messages per risk tier (the high and critical tiers exist at 0 before their first message).",
            _TIER, otel_name="mcp_token.responses", otel_unit="{message}"),
-    Family("mcp_token_risk_breaches", "counter", "messages", "Output messages in the high or critical risk tier.",
-           _TIER, otel_name="mcp_token.risk.breaches", otel_unit="{message}"),
     Family("mcp_token_call_errors", "counter", "calls",
            "Calls that ended in a JSON-RPC error (error_type: its code) or an isError result (tool_error).",
            _CALL, otel_name="mcp_token.call.errors", otel_unit="{call}"),
     Family("mcp_token_operation_duration_seconds", "histogram", "seconds",
            "Duration of an MCP request, from the request to its response (the MCP conventions' buckets).",
            _CALL, DURATION_BUCKETS),
-    Family("mcp_token_overhead_ratio", "histogram", "ratio",
-           "Share of an output message's tokens that is overhead (framing, _meta, duplicated content).",
-           ("side", "server", "method", "tool"), RATIO_BUCKETS, "mcp_token.overhead.ratio", "1"),
+    Family("mcp_token_overhead_tokens", "counter", "tokens",
+           "Estimated tokens of output messages that are overhead (framing, _meta, duplicated content); over "
+           "mcp_token_tokens_total{direction=\"output\"}: the share of output tokens that is overhead.",
+           ("side", "server", "method", "tool"), otel_name="mcp_token.overhead.tokens", otel_unit="{token}"),
     Family("mcp_token_session_utilization_ratio", "histogram", "ratio",
            "Share of the context window a session had used when it ended.",
            _SESSION, UTILIZATION_BUCKETS, "mcp_token.session.utilization", "1"),

@@ -36,7 +36,6 @@ HISTOGRAMS: dict[str, set[str]] = {
     "mcp_token_message_tokens": {"side", "server", "method", "tool", "direction"},
     "mcp_token_message_bytes": {"side", "server", "method", "tool", "direction"},
     "mcp_token_operation_duration_seconds": {"side", "server", "method", "tool", "error_type"},
-    "mcp_token_overhead_ratio": {"side", "server", "method", "tool"},
     "mcp_token_session_utilization_ratio": {"side", "server"},
     "mcp_token_session_duration_seconds": {"side", "server"},
 }
@@ -44,7 +43,7 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_tokens_total": {"side", "server", "method", "tool", "direction"},
     "mcp_token_bytes_total": {"side", "server", "method", "tool", "direction"},
     "mcp_token_responses_total": {"side", "server", "method", "tool", "risk_tier"},
-    "mcp_token_risk_breaches_total": {"side", "server", "method", "tool", "risk_tier"},
+    "mcp_token_overhead_tokens_total": {"side", "server", "method", "tool"},
     "mcp_token_call_errors_total": {"side", "server", "method", "tool", "error_type"},
     "mcp_token_sessions": {"side", "server", "state"},
     "mcp_token_session_transitions_total": {"side", "server", "state"},

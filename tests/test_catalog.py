@@ -50,7 +50,6 @@ def record_everything(sink: MetricsSink) -> None:
     for side in ("client", "server"):
         sink.record_message(side, "tools/call", "dump", "input", big, "srv")
         sink.record_message(side, "tools/call", "dump", "output", big, "srv")
-        sink.record_breach(side, "tools/call", "dump", big.risk_tier, "srv")
         sink.record_call(side, "tools/call", "dump", "srv", call)
         sink.record_transition(side, "warning", "srv")
         sink.record_session_end(side, 0.7, "srv", session)

@@ -35,6 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
 RULES = ROOT / "deploy/prometheus/rules/mcp-token-otel.rules.yml"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+#: The selector of the responses in a breach tier (high or critical).
+BREACH_TIERS_MATCHER = 'risk_tier=~"high|critical"'
 #: File name -> stable uid. Changing a uid breaks every link and bookmark to the dashboard.
 UIDS = {
     "mcp-token-overview.json": "mcp-token-overview",
@@ -310,11 +312,11 @@ def test_thresholds_match_the_alert_rules_and_configuration() -> None:
                 assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off", where
                 checked["tiers"] += 1
             if panel["type"] == "timeseries" and ("responses:ratio10m" in exprs or (
-                    "risk_breaches_total" in exprs and "/" in exprs)):
+                    BREACH_TIERS_MATCHER in exprs and "/" in exprs)):
                 assert threshold_values(panel) == shares, where
                 assert panel["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off", where
                 checked["shares"] += 1
-            if panel["type"] == "stat" and "risk_breaches_total" in exprs and "/" in exprs:
+            if panel["type"] == "stat" and BREACH_TIERS_MATCHER in exprs and "/" in exprs:
                 assert threshold_values(panel) and threshold_values(panel) <= shares, where
                 checked["shares"] += 1
             if panel["type"] == "timeseries" and "histogram_quantile" in exprs and "utilization" in exprs:

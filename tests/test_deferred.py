@@ -31,9 +31,6 @@ class Recording(BaseSink):
     def record_message(self, *args: Any) -> None:
         self._note("record_message", *args)
 
-    def record_breach(self, *args: Any) -> None:
-        self._note("record_breach", *args)
-
     def record_transition(self, *args: Any) -> None:
         self._note("record_transition", *args)
 
@@ -58,7 +55,6 @@ def test_calls_are_queued_then_replayed_in_order_only_breaches_with_their_trace_
             sink.record_transition("server", "warning", "")
             sink.record_message("server", "tools/call", "t", "output", small, "")
             sink.record_message("server", "tools/call", "t", "output", large, "")
-            sink.record_breach("server", "tools/call", "t", "critical", "")
             sink.record_session_end("server", 0.5, "", CallInfo())
             trace_id = span.get_span_context().trace_id
         sink.record_error("estimate", "")
@@ -68,12 +64,11 @@ def test_calls_are_queued_then_replayed_in_order_only_breaches_with_their_trace_
             "record_transition",
             "record_message",
             "record_message",
-            "record_breach",
             "record_session_end",
             "record_error",
         ]
-        # Exemplars only where they help: the breach and its message keep the trace, the rest replay without.
-        assert [c[2] for c in inner.calls] == [0, 0, trace_id, trace_id, 0, 0]
+        # Exemplars only where they help: the breach's message keeps the trace, the rest replay without.
+        assert [c[2] for c in inner.calls] == [0, 0, trace_id, 0, 0]
     finally:
         sink.close()
 
@@ -95,7 +90,7 @@ def test_a_failing_sink_is_reported_and_never_raises() -> None:
     errors: list[str] = []
     sink = DeferredSink(Recording(fail=True), interval=3600, on_error=errors.append)
     sink.record_transition("server", "warning", "")
-    sink.record_breach("server", "tools/call", "t", "high", "")
+    sink.record_session_end("server", 0.5, "", CallInfo())
     sink.close()  # flushes
     sink.close()  # idempotent
     assert errors == ["metrics", "metrics"]
@@ -140,7 +135,7 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars(defer: b
         assert by_tool["big"].count == 1 and by_tool["big"].sum >= 10_000
         assert any(e.trace_id == trace_id for e in by_tool["big"].exemplars)  # a critical response: trace kept
         assert by_tool["small"].count == 1 and not by_tool["small"].exemplars  # a low one: no exemplar offered
-        for name in ("mcp_token.overhead.ratio", "mcp.server.operation.duration"):
+        for name in ("mcp.server.operation.duration",):
             small = [p for p in points[name] if p.attributes.get("gen_ai.tool.name") == "small"]
             assert small and not any(p.exemplars for p in small), name
         assert points["mcp_token.instrumentation.dropped"][0].value == 0

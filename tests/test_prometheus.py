@@ -29,6 +29,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.config import config_from_dict
+from mcp_token_otel.core.measure import measure_result
 from mcp_token_otel.emitters.metrics_server import BasicAuth, MetricsServer, metrics_asgi_app
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics, label_value
 from mcp_token_otel.recorder import TokenRecorder
@@ -106,10 +107,12 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     assert value(found, "mcp_token_tokens_total", direction="input", tool="dump") > 0
     assert not any(lbl["direction"] == "input" for lbl, _ in found["mcp_token_message_tokens_count"])
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") > 16_000
-    assert value(found, "mcp_token_risk_breaches_total", tool="dump", risk_tier="critical") == 2
-    assert value(found, "mcp_token_overhead_ratio_count", side="server", method="tools/call") == 3
+    assert value(found, "mcp_token_responses_total", side="server", method="tools/call", risk_tier="high") == 0
+    big, small = (measure_result("tools/call", r, policy=recorder.policy) for r in (BIG, SMALL))
+    overhead = value(found, "mcp_token_overhead_tokens_total", side="server", method="tools/call")
+    assert overhead == 2 * big.overhead_tokens + small.overhead_tokens > 0
     assert value(found, "mcp_token_responses_total", side="client", risk_tier="low", tool="ping") == 1
-    assert value(found, "mcp_token_risk_breaches_total", side="client", tool="ping", risk_tier="high") == 0
+    assert value(found, "mcp_token_responses_total", side="client", tool="ping", risk_tier="high") == 0
     # tokens_total is the histogram's sum
     assert value(found, "mcp_token_tokens_total", side="server", tool="dump", direction="output") == value(
         found, "mcp_token_message_tokens_sum", side="server", tool="dump", direction="output")
@@ -383,7 +386,7 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
         found = samples(scrape(url)[2])
         assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output") == 2
         assert value(found, "mcp_token_message_tokens_count", side="client", tool="dump", direction="output") == 2
-        assert value(found, "mcp_token_risk_breaches_total", side="server", tool="dump", risk_tier="critical") == 1
+        assert value(found, "mcp_token_responses_total", side="server", tool="dump", risk_tier="critical") == 1
         assert value(found, "mcp_token_sessions", side="server", state="ok") == 0  # the connection ended
 
         app = metrics_app("wsgi")

@@ -88,9 +88,6 @@ class DeferredSink:
         context = otel_context.get_current() if measurement.risk_tier in BREACH_TIERS else None
         self._enqueue(self._sink.record_message, (side, method, tool, direction, measurement, server), context)
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
-        self._enqueue(self._sink.record_breach, (side, method, tool, tier, server), otel_context.get_current())
-
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         self._enqueue(self._sink.record_call, (side, method, tool, server, call))
 

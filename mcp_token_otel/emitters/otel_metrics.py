@@ -120,9 +120,10 @@ class OtelMetricsSink:
     """A :class:`~.sink.MetricsSink` on an OpenTelemetry Meter.
 
     The SDK costs ~20 µs per synchronous point (attribute cleaning, hashing, exemplar offers), so only the
-    histograms are synchronous, one point per message (plus the overhead ratio of a response and the
-    conventions' operation duration of a timed call). Counters (tokens, bytes, responses, errors) are
-    pre-aggregated here (a dict increment) and reported through observable instruments at collection.
+    histograms are synchronous: the token histogram of a response (of a request too with ``input_histograms``)
+    and the conventions' operation duration of a timed call. Counters (tokens, bytes, overhead tokens,
+    responses, errors) are pre-aggregated here (a dict increment) and reported through observable instruments
+    at collection.
     """
 
     def __init__(
@@ -179,12 +180,12 @@ class OtelMetricsSink:
         self._shared = _instruments(meter)
         self._shared.add(self)
         h = self._histograms = self._shared.histograms  # the hot paths' instruments and families, named once
-        self._tokens, self._overhead = h["mcp_token.message.tokens"], h["mcp_token.overhead.ratio"]
+        self._tokens = h["mcp_token.message.tokens"]
         self._utilization = h["mcp_token.session.utilization"]
         self._operation = {"client": h[MCP_CLIENT_OPERATION_DURATION], "server": h[MCP_SERVER_OPERATION_DURATION]}
         self._session = {"client": h[MCP_CLIENT_SESSION_DURATION], "server": h[MCP_SERVER_SESSION_DURATION]}
         self._token_sums, self._byte_sums = self.counts["mcp_token.tokens"], self.counts["mcp_token.bytes"]
-        self._responses = self.counts["mcp_token.responses"]
+        self._responses, self._overhead = self.counts["mcp_token.responses"], self.counts["mcp_token.overhead.tokens"]
 
     def _key(self, name: str, values: tuple[Any, ...]) -> Pairs:
         """The attribute pairs of instrument ``name``'s series for ``values``, cached (built once per series)."""
@@ -275,12 +276,9 @@ class OtelMetricsSink:
         self._token_sums.add(key, measurement.total_tokens)
         self._byte_sums.add(key, measurement.bytes)
         if direction == "output":
-            overhead = dict(self._key("mcp_token.overhead.ratio", (side, server, method, tool)))
-            self._overhead.record(measurement.overhead_ratio, overhead, context)
+            self._overhead.add(self._key("mcp_token.overhead.tokens", (side, server, method, tool)),
+                               measurement.overhead_tokens)
             self._add("mcp_token.responses", (side, server, method, tool, measurement.risk_tier))
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
-        self._add("mcp_token.risk.breaches", (side, server, method, tool, tier))
 
     def record_transition(self, side: str, state: str, server: str) -> None:
         self._add("mcp_token.session.transitions", (side, server, state))

@@ -223,7 +223,7 @@ class PrometheusMetrics:
                 raise ValueError(f"{family.name}: a gauge the Prometheus sink has no reader for")
         # The hot paths' families, named once.
         self._tokens, self._bytes = self.hists[_TOKENS], self.hists["mcp_token_message_bytes"]
-        self._overhead, self._byte_sums = self.hists["mcp_token_overhead_ratio"], self.counts["mcp_token_bytes"]
+        self._overhead, self._byte_sums = self.counts["mcp_token_overhead_tokens"], self.counts["mcp_token_bytes"]
         self._responses = self.counts["mcp_token_responses"]
         self._transitions = self.counts["mcp_token_session_transitions"]
         self._unbudgeted = self.counts["mcp_token_unbudgeted_tokens"]
@@ -322,21 +322,14 @@ class PrometheusMetrics:
         if direction == "output":  # the size distribution of responses (requests are small; their sum is kept)
             self._bytes.observe(key, measurement.bytes)
             out = (side, server, method, tool)
-            self._overhead.observe(out, measurement.overhead_ratio)
-            if out not in self._known_outputs:  # breach series exist at 0 before a first breach, for increase()
+            self._overhead.add(out, measurement.overhead_tokens)
+            if out not in self._known_outputs:  # breach tiers exist at 0 before a first breach, for increase()
                 if len(self._known_outputs) >= _KNOWN_BOUND:
                     self._known_outputs.clear()
                 self._known_outputs.add(out)
                 for breach_tier in _BREACH_TIERS:
                     self._responses.touch((*out, breach_tier))
-                    self.counts["mcp_token_risk_breaches"].touch((*out, breach_tier))
             self._responses.add((*out, measurement.risk_tier))
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
-        if self._files is not None:
-            self._files.record_breach(side, method, tool, tier, server)
-        else:
-            self.counts["mcp_token_risk_breaches"].add((side, server, method, tool, tier))
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         if self._files is not None:

@@ -18,11 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from ..catalog import prometheus_families
 from ..core.budget import BUDGET_STATES
 from ..core.measure import Measurement
-from ..core.risk import BREACH_TIERS, RISK_TIERS
+from ..core.risk import RISK_TIERS
 from .prometheus_text import label_value, label_values
 from .sink import CallInfo
 
-_BREACH_TIERS = tuple(sorted(BREACH_TIERS))
 _MAX_CACHED_SERIES = 10_000
 #: Seconds between a worker's refreshes of its live-sessions gauge (done on a message).
 _STATES_INTERVAL = 1.0
@@ -104,12 +103,10 @@ class SharedFileFamilies:
                 m["mcp_token_tokens"].labels(*labels, direction),
                 m["mcp_token_message_bytes"].labels(*labels, direction) if output else None,
                 m["mcp_token_bytes"].labels(*labels, direction),
-                m["mcp_token_overhead_ratio"].labels(*labels) if output else None,
+                m["mcp_token_overhead_tokens"].labels(*labels) if output else None,
                 {t: m["mcp_token_responses"].labels(*labels, t) for t in RISK_TIERS} if output else None,
             )
             if output:
-                for breach_tier in _BREACH_TIERS:  # exist at 0 before a first breach, for increase()
-                    m["mcp_token_risk_breaches"].labels(*labels, breach_tier)
                 self._touch_server(side, label_value(server))
             if len(self._series) >= _MAX_CACHED_SERIES:  # a cache of children: clearing it loses no value
                 self._series.clear()
@@ -129,7 +126,7 @@ class SharedFileFamilies:
             bytes_hist.observe(measurement.bytes)
         bytes_total.inc(measurement.bytes)
         if overhead is not None:
-            overhead.observe(measurement.overhead_ratio)
+            overhead.inc(measurement.overhead_tokens)
             responses[measurement.risk_tier].inc()
         now = time.monotonic()
         if self._states is not None and now - self._states_read >= _STATES_INTERVAL:
@@ -140,9 +137,6 @@ class SharedFileFamilies:
             for session_side, server_label, counts in by_server(self._states(), self._server):
                 for state in BUDGET_STATES:
                     live.labels(session_side, label_value(server_label), state).set(counts.get(state, 0))
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
-        self.m["mcp_token_risk_breaches"].labels(*label_values((side, server, method, tool, tier))).inc()
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         labels = label_values((side, server, method, tool, call.error_type))

@@ -40,9 +40,6 @@ class MetricsSink(Protocol):
     ) -> None:
         """One MCP message (request or response) and its measurement."""
 
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
-        """A response in a breach tier (high, critical)."""
-
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         """A timed or failed call (its duration and error type)."""
 
@@ -89,9 +86,6 @@ class BaseSink:
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
     ) -> None:
-        return None
-
-    def record_breach(self, side: str, method: str, tool: str | None, tier: str, server: str) -> None:
         return None
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 
 from ..core.budget import BudgetUpdate
 from ..core.measure import Measurement
-from ..core.risk import BREACH_TIERS
 from ..emitters.deferred import DeferredSink
 from ..emitters.sink import CallInfo, MetricsSink
 from .labels import LabelBounds
@@ -59,7 +58,7 @@ class SinkFanout:
         server: str = "",
         call: CallInfo | None = None,
     ) -> None:
-        """One message's points under bounded labels (its message, and for a response its breach and call) and
+        """One message's points under bounded labels (its message, and for a response its call) and
         the budget states it entered: one pass over the sinks, each getting its calls in that order. A name is
         admitted as a label by a successful response (see NameLimiter)."""
         labels = self._labels
@@ -71,7 +70,6 @@ class SinkFanout:
         except Exception:
             self.fault("metrics")
             return
-        breach = output and m.risk_tier in BREACH_TIERS
         timed = output and call is not None and (call.error_type is not None or call.duration is not None)
         transitions = update.transitions if update is not None else ()
         for sink in self.sinks:
@@ -79,11 +77,6 @@ class SinkFanout:
                 sink.record_message(side, method, tool, direction, m, server)
             except Exception:
                 self.fault("metrics")
-            if breach:
-                try:
-                    sink.record_breach(side, method, tool, m.risk_tier, server)
-                except Exception:
-                    self.fault("metrics")
             if timed:
                 try:
                     sink.record_call(side, method, tool, server, call)  # type: ignore[arg-type]  # timed: not None

@@ -128,8 +128,8 @@ def test_otlp_http_export(receiver: Receiver) -> None:
     metrics = receiver.metrics()
     assert {
         "mcp_token.message.tokens",
-        "mcp_token.overhead.ratio",
-        "mcp_token.risk.breaches",
+        "mcp_token.overhead.tokens",
+        "mcp_token.responses",
         "mcp_token.session.utilization",
     } <= set(metrics)
     tokens = metrics["mcp_token.message.tokens"]

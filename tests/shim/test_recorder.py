@@ -9,6 +9,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from mcp_token_otel.catalog import TOKEN_BUCKETS
 from mcp_token_otel.core.measure import Policy
+from mcp_token_otel.core.risk import BREACH_TIERS
 from mcp_token_otel.recorder import TokenRecorder
 
 from ..faults import BrokenMeterProvider, BrokenSink, raising_estimator
@@ -99,8 +100,9 @@ def test_metrics_names_buckets_and_no_session_id(otel: Otel) -> None:
     }  # the risk tier is derivable from the value: not a dimension of the histogram
     assert tuple(out.explicit_bounds) == TOKEN_BUCKETS
     assert TOKEN_BUCKETS[0] == 64 and TOKEN_BUCKETS[-1] == 1048576
-    assert points["mcp_token.overhead.ratio"]
-    assert sum(p.value for p in points["mcp_token.risk.breaches"]) == 2
+    assert points["mcp_token.overhead.tokens"]
+    breaches = [p.value for p in points["mcp_token.responses"] if p.attributes["mcp_token.risk_tier"] in BREACH_TIERS]
+    assert sum(breaches) == 2
     transitions = {
         p.attributes["mcp_token.session.state"]: p.value for p in points["mcp_token.session.transitions"]
     }
