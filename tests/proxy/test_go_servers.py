@@ -277,7 +277,7 @@ def post(url: str, body: str, session: str | None) -> tuple[int, list[tuple[str,
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     if session:
         headers |= {"Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=WAIT)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=WAIT)
     try:
         connection.request("POST", parts.path, body=body.encode(), headers=headers)
         response = connection.getresponse()

@@ -47,7 +47,8 @@ class Weather(BaseModel):
     temperature: float
 
 
-def result(content: list[TextContent | ImageContent], structured: object = None, *, error: bool = False) -> CallToolResult:
+def result(content: list[TextContent | ImageContent], structured: object = None, *,
+           error: bool = False) -> CallToolResult:
     """A result with isError only when true, as the Go SDKs write it (the Python SDK's model writes isError
     false by default): the twin's result is then the same JSON value as theirs. Unset fields are None, which
     the SDK leaves out."""
