@@ -287,11 +287,13 @@ def post(url: str, body: str, session: str | None) -> tuple[int, list[tuple[str,
 
 
 def http_conversation(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
-    """initialize, initialized, every tool and a batch, raw; the session id replaced by SESSION."""
+    """initialize, initialized, every tool, a batch and a ping, raw; the session id replaced by SESSION."""
     first = post(url, initialize()[0][0].decode(), None)
     session = next((v for k, v in first[1] if k.lower() == "mcp-session-id"), "")
     bodies = [initialize()[1][0], *(line for line, _ in CONVERSATION[2:])]
-    exchanges = [first, *(post(url, body.decode(), session) for body in bodies), post(url, BATCH, session)]
+    # A ping last: once its answer is measured, so is the batch's (the measurer reads records in order).
+    last = [post(url, BATCH, session), post(url, message(99, "ping").decode(), session)]
+    exchanges = [first, *(post(url, body.decode(), session) for body in bodies), *last]
     return [(status, [(k, v.replace(session, "SESSION")) for k, v in headers if k.lower() not in NOT_RELAYED],
              body.replace(session.encode(), b"SESSION")) for status, headers, body in exchanges]
 
@@ -329,12 +331,12 @@ def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
         direct = http_conversation(url)
         with http_proxy(url, server) as (base, metrics_port):
             through = http_conversation(base + "/mcp")
-            text = http_metrics(metrics_port, 7)
+            text = http_metrics(metrics_port, 8)
     assert through == direct
     assert ("Mcp-Session-Id", "SESSION") in direct[0][1]  # not the Python SDK's mcp-session-id
     content_type = dict(direct[3][1])["Content-Type"]
     assert content_type == {"gosdk": "text/event-stream", "mcpgo": "application/json"}[server]
-    assert direct[-1][0] == 400  # a batch on 2025-11-25 is refused (go-sdk in text/plain, mcp-go in JSON-RPC)
+    assert direct[-2][0] == 400  # a batch on 2025-11-25 is refused (go-sdk in text/plain, mcp-go in JSON-RPC)
     assert_clean(text, server)
     # mcp-go's refusal is a JSON-RPC error with id null: a response to no request, counted as unmatched.
     null_id_errors = sum(body.startswith(b'{"jsonrpc":"2.0","id":null,"error"') for _, _, body in direct)
@@ -350,7 +352,7 @@ def test_http_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> N
     for server, command in commands.items():
         with serving(command) as url, http_proxy(url, server) as (base, metrics_port):
             http_conversation(base + "/mcp")
-            text = http_metrics(metrics_port, 7)
+            text = http_metrics(metrics_port, 8)
         assert_clean(text, server)
         figures[server] = tool_figures(text, server)
     assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
