@@ -14,6 +14,7 @@ request id.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -41,6 +42,12 @@ from .spans import SpanAnnotator, capture_from_env, enabled
 
 #: Requests whose result names the server (client side): their own metrics wait for it (see record_input).
 _NAMING = ("initialize", "server/discover")
+
+
+def _meter_provider_set() -> bool:
+    """Whether a global MeterProvider is set: before that the API hands out a proxy (its class is private, so
+    it is recognised by name)."""
+    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
 
 
 class TokenRecorder:
@@ -88,7 +95,14 @@ class TokenRecorder:
         self.sessions = self._ledger.sessions
         #: Bounded tool-name labels.
         self.tool_names: NameLimiter = self._labels.tool_names
-        self._add_otel_sink(meter_provider, __version__)
+        #: The version the OpenTelemetry sink is made with once a global MeterProvider is set; None: made.
+        self._otel_waiting: str | None = None
+        self._otel_lock = threading.Lock()
+        if meter_provider is None and not _meter_provider_set():
+            # Until an application sets one, the API's proxy records nothing: neither does the sink's work.
+            self._otel_waiting = __version__
+        else:
+            self._add_otel_sink(meter_provider, __version__)
 
     def _add_otel_sink(self, meter_provider: metrics.MeterProvider | None, version: str) -> None:
         try:
@@ -106,6 +120,15 @@ class TokenRecorder:
             self.add_sink(otel_sink, inline=True)
         except Exception:
             self.fault("metrics")
+
+    def _otel_when_set(self) -> None:
+        """The OpenTelemetry sink, made at the first message after a global MeterProvider was set."""
+        if not _meter_provider_set():
+            return
+        with self._otel_lock:
+            version, self._otel_waiting = self._otel_waiting, None
+        if version is not None:
+            self._add_otel_sink(None, version)
 
     # ------------------------------------------------------------------ sinks and faults
 
@@ -211,6 +234,8 @@ class TokenRecorder:
         """
         if not enabled():
             return None
+        if self._otel_waiting is not None:
+            self._otel_when_set()
         ledger = self._ledger
         if ledger.ending:
             self._end_queued()
@@ -295,6 +320,8 @@ class TokenRecorder:
     def _output(self, r: Response) -> tuple[Measurement | None, Any]:
         if not enabled():
             return None, r.result
+        if self._otel_waiting is not None:
+            self._otel_when_set()
         ledger = self._ledger
         if ledger.ending:
             self._end_queued()

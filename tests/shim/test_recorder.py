@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -211,3 +215,34 @@ def test_failing_tool_names_cannot_use_up_the_label_places(otel: Otel) -> None:
     # Invented names took at most half of the 8 places; the declared tool and real ones got the rest.
     assert tools == {"made_up_0", "made_up_1", "made_up_2", "made_up_3", "declared", "search", "fetch", "third",
                      "_other"}
+
+
+LATE_METER_PROVIDER = textwrap.dedent(
+    """
+    import json
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from mcp_token_otel.recorder import TokenRecorder
+    result = {"content": [{"type": "text", "text": "word " * 50}]}
+    recorder = TokenRecorder()
+    before = len(recorder.sinks)
+    recorder.record_output(None, "server", "tools/call", "t", result=result, session_id="s")
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    recorder.record_output(None, "server", "tools/call", "t", result=result, session_id="s")
+    data = reader.get_metrics_data()
+    points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
+              for m in sm.metrics}
+    print(json.dumps({"before": before, "after": len(recorder.sinks),
+                      "tokens": sum(p.count for p in points["mcp_token.message.tokens"]),
+                      "responses": sum(p.value for p in points["mcp_token.responses"])}))
+    """
+)
+
+
+def test_no_meter_provider_no_otel_sink_until_one_is_set() -> None:
+    # The global MeterProvider can be set once per process: a fresh interpreter.
+    out = subprocess.run([sys.executable, "-c", LATE_METER_PROVIDER], check=True, capture_output=True, timeout=120)
+    # Nothing recorded into the API's proxy; from the first message after one is set, everything.
+    assert json.loads(out.stdout) == {"before": 0, "after": 1, "tokens": 1, "responses": 1}
