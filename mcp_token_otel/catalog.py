@@ -49,8 +49,6 @@ TOKEN_BUCKETS: tuple[float, ...] = tuple(float(4**i) for i in range(3, 11))
 UTILIZATION_BUCKETS: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0)
 #: The MCP conventions' boundaries for the operation and session durations (seconds).
 DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-#: Response sizes in bytes: powers of 8 from 512 B to 2 MiB (five bounds keep the family small at 100 tools).
-BYTE_BUCKETS: tuple[float, ...] = tuple(float(8**i) for i in range(3, 8))
 
 #: The label value that series past a family's series cap fold into (see emitters/aggregate.py).
 OVERFLOW_VALUE = "_other"
@@ -132,8 +130,6 @@ FAMILIES: tuple[Family, ...] = (
            _MESSAGE, TOKEN_BUCKETS, "mcp_token.message.tokens", "{token}"),
     Family("mcp_token_tokens", "counter", "tokens", "Estimated tokens of MCP messages.",
            _MESSAGE, otel_name="mcp_token.tokens", otel_unit="{token}", sum_of="mcp_token_message_tokens"),
-    Family("mcp_token_message_bytes", "histogram", "bytes",
-           "UTF-8 bytes of one MCP response as measured (output messages only).", _MESSAGE, BYTE_BUCKETS),
     Family("mcp_token_bytes", "counter", "bytes", "UTF-8 bytes of MCP messages.",
            _MESSAGE, otel_name="mcp_token.bytes", otel_unit="By"),
     Family("mcp_token_responses", "counter", "messages",

@@ -222,7 +222,7 @@ class PrometheusMetrics:
             else:
                 raise ValueError(f"{family.name}: a gauge the Prometheus sink has no reader for")
         # The hot paths' families, named once.
-        self._tokens, self._bytes = self.hists[_TOKENS], self.hists["mcp_token_message_bytes"]
+        self._tokens = self.hists[_TOKENS]
         self._overhead, self._byte_sums = self.counts["mcp_token_overhead_tokens"], self.counts["mcp_token_bytes"]
         self._responses = self.counts["mcp_token_responses"]
         self._transitions = self.counts["mcp_token_session_transitions"]
@@ -319,8 +319,7 @@ class PrometheusMetrics:
         # Exemplars where they help: a breach links its bucket to the trace that caused it.
         self._tokens.observe(key, measurement.total_tokens, _exemplar() if breach else None)
         self._byte_sums.add(key, measurement.bytes)
-        if direction == "output":  # the size distribution of responses (requests are small; their sum is kept)
-            self._bytes.observe(key, measurement.bytes)
+        if direction == "output":
             out = (side, server, method, tool)
             self._overhead.add(out, measurement.overhead_tokens)
             if out not in self._known_outputs:  # breach tiers exist at 0 before a first breach, for increase()

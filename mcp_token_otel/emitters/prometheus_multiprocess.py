@@ -101,7 +101,6 @@ class SharedFileFamilies:
             children = (
                 m["mcp_token_message_tokens"].labels(*labels, direction) if output or self._input_histograms else None,
                 m["mcp_token_tokens"].labels(*labels, direction),
-                m["mcp_token_message_bytes"].labels(*labels, direction) if output else None,
                 m["mcp_token_bytes"].labels(*labels, direction),
                 m["mcp_token_overhead_tokens"].labels(*labels) if output else None,
                 {t: m["mcp_token_responses"].labels(*labels, t) for t in RISK_TIERS} if output else None,
@@ -116,14 +115,12 @@ class SharedFileFamilies:
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
     ) -> None:
-        tokens_hist, tokens_total, bytes_hist, bytes_total, overhead, responses = self._children(
+        tokens_hist, tokens_total, bytes_total, overhead, responses = self._children(
             side, server, method, tool, direction
         )
         if tokens_hist is not None:
             tokens_hist.observe(measurement.total_tokens)
         tokens_total.inc(measurement.total_tokens)
-        if bytes_hist is not None:
-            bytes_hist.observe(measurement.bytes)
         bytes_total.inc(measurement.bytes)
         if overhead is not None:
             overhead.inc(measurement.overhead_tokens)

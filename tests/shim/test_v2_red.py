@@ -157,7 +157,7 @@ def test_errors_by_type_per_method_and_tool(otel: Otel, red: tuple[TokenRecorder
     assert failed.attributes["error.type"] == "tool_error"
 
 
-def test_message_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
+def test_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
     _, sink = red
     big = MCPServer(SERVER)
 
@@ -172,16 +172,12 @@ def test_message_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, Prome
     anyio.run(main)
     found = scrape(sink)
     labels = {"side": "server", "server": SERVER, "method": "tools/call", "tool": "text", "direction": "output"}
-    size = one(found, "mcp_token_message_bytes_sum", **labels)
+    size = one(found, "mcp_token_bytes_total", **labels)
     # 5000 two-byte characters, twice (content and MCPServer's structuredContent), plus the framing.
     assert 20_000 <= size < 20_400
-    assert one(found, "mcp_token_bytes_total", **labels) == size
-    assert one(found, "mcp_token_message_bytes_count", **labels) == 1
-    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="32768.0") == 1
-    assert one(found, "mcp_token_message_bytes_bucket", **labels, le="4096.0") == 0
-    # Requests: their bytes are summed, their sizes not bucketed (the family stays small).
+    assert one(found, "mcp_token_message_tokens_count", **labels) == 1  # bytes per response: this over that
+    # Requests: their bytes are summed too.
     assert one(found, "mcp_token_bytes_total", **{**labels, "direction": "input"}) > 0
-    assert not pick(found, "mcp_token_message_bytes_count", direction="input")
     (otel_bytes,) = [p for p in otel.metrics()["mcp_token.bytes"]
                      if p.attributes.get("gen_ai.tool.name") == "text"
                      and p.attributes["mcp_token.direction"] == "output" and p.attributes["mcp_token.side"] == "server"]
@@ -204,7 +200,7 @@ def test_session_duration_and_server_labels(otel: Otel, red: tuple[TokenRecorder
     assert one(found, "mcp_token_session_utilization_ratio_count", side="client", server=SERVER) == 1
     # Every call's series carry the server's name: its own on the server side, serverInfo.name on the client
     # (known from the initialize result on: the client's initialize request itself has none yet).
-    for name in ("mcp_token_message_tokens_count", "mcp_token_responses_total", "mcp_token_message_bytes_count"):
+    for name in ("mcp_token_message_tokens_count", "mcp_token_responses_total", "mcp_token_bytes_total"):
         rows = [lab for lab, _ in found[name] if lab["method"] == "tools/call"]
         assert {lab["server"] for lab in rows} == {SERVER} and {lab["side"] for lab in rows} == {"client", "server"}
     assert {lab["server"] for lab, _ in found["mcp_token_message_tokens_count"] if lab["side"] == "server"} == {SERVER}
