@@ -1,16 +1,16 @@
 """Cost of one /metrics scrape with 100 tools and every label combination populated.
 
-Both sides (``--sides``), every tool called with input and output in every risk tier and timed (a call
-duration; each error type a tool returns would add one more duration and error series), the list methods,
-errors, transitions and ended sessions: the largest exposition the default label bounds allow. Prints the body's
-bytes and lines and the time of one scrape (what holds the instrumented process's GIL), median / mean / p99
-over ``--scrapes`` scrapes, for prometheus-client's ``generate_latest`` and ``PrometheusMetrics.exposition()``
-(what the /metrics service serves for plain-text scrapes; the two arms interleaved), whether both give the same
-bytes, the first exposition (its per-series caches cold), and how long exposition() holds the aggregate lock
-(what a message being recorded meanwhile may wait for).
+The series come from the recorder's own calls (whatever it emits per message), on both sides (``--sides``):
+every tool called in every risk tier (input and output, each call timed, one error result each), the list
+methods and initialize, a protocol error, sessions crossing the warning and exhaustion ratios and ending, and a
+fault of each stage: the largest exposition the default label bounds allow. Prints the body's bytes and lines
+and the time of one scrape (what holds the instrumented process's GIL), median / mean / p99 over ``--scrapes``
+scrapes, for prometheus-client's ``generate_latest`` and the sink's own exposition (what the /metrics service
+serves for plain-text scrapes; the two interleaved), whether both give the same bytes, the first exposition
+(its caches cold), how long the exposition holds the aggregate lock, and the targets (<= 1 MB, <= 50 ms).
 
     python benchmarks/scrape_cost.py [--tools 100] [--scrapes 50] [--sides client,server] [--created]
-        [--input-histograms]
+        [--input-histograms] [--markdown]
 """
 
 from __future__ import annotations
@@ -28,48 +28,54 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import generate_latest
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.core.measure import Measurement
-from mcp_token_otel.core.risk import BREACH_TIERS
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.sink import CallInfo
+from mcp_token_otel.emitters.prometheus_service import start_prometheus
 from mcp_token_otel.recorder import TokenRecorder
 
+#: Tokens (chars/4) that put a result in each risk tier at the default thresholds.
 TIER_TOKENS = {"low": 100, "medium": 2000, "high": 6000, "critical": 20_000}
 METHODS = ("tools/list", "resources/list", "resources/read", "prompts/list", "prompts/get", "initialize", "ping")
+MAX_BYTES, MAX_MS = 1_000_000, 50.0
 
 
-def populate(
-    tools: int, created: bool, input_histograms: bool = False, sides: tuple[str, ...] = ("client", "server")
-) -> PrometheusMetrics:
-    config = config_from_dict({"metrics": {"max_tool_names": tools}})
+def _text(tokens: int) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": "abcd" * tokens}]}
+
+
+def populate(tools: int, created: bool, input_histograms: bool = False,
+             sides: tuple[str, ...] = ("client", "server"), tool_errors: bool = True) -> PrometheusMetrics:
+    config = config_from_dict({
+        "estimator": "chars/4", "metrics": {"max_tool_names": tools, "input_histograms": input_histograms},
+        "prometheus": {"created_series": created}, "budget": {"context_window": 50_000},
+    })
     recorder = TokenRecorder(config, TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(
-        states=recorder.session_states, created_series=created, input_histograms=input_histograms
-    )
+    sink = start_prometheus(recorder, config.prometheus, serve=False).metrics
     recorder.sinks = [sink]  # only the sink under test
     names = [f"tool_{i:03d}" for i in range(tools)]
-    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": n} for n in names]})
-    call = CallInfo(duration=0.05)
     for side in sides:
+        side_: Any = side
+        session = f"{side}-busy"  # crosses warning and exhaustion, then ends
+        recorder.record_output(None, side_, "tools/list", None, result={"tools": [{"name": n} for n in names]},
+                               session_id=session, duration_s=0.01)
         for name in names:
-            for tier, tokens in TIER_TOKENS.items():
-                m = Measurement("output", "tools/call", name, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
-                sink.record_message(side, "tools/call", recorder.tool_names(name), "output", m, "")
-                sink.record_message(side, "tools/call", recorder.tool_names(name), "input", m, "")
-                if tier in BREACH_TIERS:  # as the recorder calls it
-                    sink.record_breach(side, "tools/call", name, tier, "")
-            sink.record_call(side, "tools/call", name, "", call)
+            params = {"name": name, "arguments": {"q": "x"}}
+            for tokens in TIER_TOKENS.values():
+                recorder.record_input(None, side_, "tools/call", params, session)
+                recorder.record_output(None, side_, "tools/call", name, result=_text(tokens), session_id=session,
+                                       duration_s=0.05)
+            if tool_errors:  # an error result: one more duration and error series per tool
+                recorder.record_output(None, side_, "tools/call", name, result={**_text(10), "isError": True},
+                                       session_id=session, duration_s=0.05)
         for method in METHODS:
-            for tier, tokens in TIER_TOKENS.items():
-                m = Measurement("output", method, None, (), tokens, tokens, 0, 0.2, tier)  # type: ignore[arg-type]
-                sink.record_message(side, method, None, "output", m, "")
-                sink.record_message(side, method, None, "input", m, "")
-            sink.record_call(side, method, None, "", call)
-        for state in ("warning", "exhausted"):
-            sink.record_transition(side, state, "")
-        sink.record_session_end(side, 0.5, "", CallInfo())
+            for tokens in TIER_TOKENS.values():
+                recorder.record_input(None, side_, method, {"cursor": "abcd" * tokens}, session)
+                recorder.record_output(None, side_, method, None, result=_text(tokens), session_id=session,
+                                       duration_s=0.01)
+        recorder.record_output(None, side_, "tools/call", names[0], error={"code": -32602, "message": "bad"},
+                               session_id=session, duration_s=0.01)
+        recorder.end_session(side_, session)
     for stage in ("estimate", "span", "budget", "metrics"):
-        sink.record_error(stage, "")
+        recorder.fault(stage)
     return sink
 
 
@@ -108,6 +114,11 @@ def summary(times: list[float]) -> str:
     return f"median {median:.2f}, mean {mean:.2f}, p99 {p99:.2f}, max {times[-1]:.2f}"
 
 
+def _p99(times: list[float]) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
 def families(body: bytes) -> list[tuple[str, int]]:
     """Bytes per family of an exposition, largest first."""
     sizes: dict[str, int] = {}
@@ -126,9 +137,11 @@ def main() -> None:
     parser.add_argument("--created", action="store_true", help="with prometheus.created_series: true")
     parser.add_argument("--input-histograms", action="store_true", help="with metrics.input_histograms: true")
     parser.add_argument("--sides", default="client,server", help="the sides that see every tool")
+    parser.add_argument("--no-tool-errors", action="store_true", help="no tool returns an error result")
+    parser.add_argument("--markdown", action="store_true", help="also print the figures as a Markdown table")
     args = parser.parse_args()
     sides = tuple(args.sides.split(","))
-    sink = populate(args.tools, args.created, args.input_histograms, sides)
+    sink = populate(args.tools, args.created, args.input_histograms, sides, not args.no_tool_errors)
     lock = time_lock(sink)
     start = time.perf_counter()
     fast = sink.exposition()
@@ -144,7 +157,7 @@ def main() -> None:
             timings[label].append((time.perf_counter() - start) * 1000)
             lock.on = False
     print(f"tools={args.tools} sides={','.join(sides)} created_series={args.created} "
-          f"input_histograms={args.input_histograms}")
+          f"input_histograms={args.input_histograms} tool_errors={not args.no_tool_errors}")
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,} "
           f"gzip={len(gzip.compress(body, compresslevel=1)):,} (as the /metrics server sends it)")
@@ -156,6 +169,14 @@ def main() -> None:
     if lock.holds:
         per_scrape = len(lock.holds) / args.scrapes
         print(f"aggregate lock held per hold ms ({per_scrape:.0f} holds a scrape): {summary(lock.holds)}")
+    served = statistics.median(timings["exposition"])
+    for what, value, limit, unit in (("bytes", len(body), MAX_BYTES, ""), ("median scrape", served, MAX_MS, " ms")):
+        print(f"target {what} <= {limit:,.0f}{unit}: {value:,.1f}{unit} {'met' if value <= limit else 'MISSED'}")
+    if args.markdown:
+        print("\n| tools | sides | bytes | lines | gzip | scrape ms (median / p99) | generate_latest ms | largest family |"
+              f"\n|---|---|---|---|---|---|---|---|\n| {args.tools} | {', '.join(sides)} | {len(body):,} | {lines:,} | "
+              f"{len(gzip.compress(body, compresslevel=1)):,} | {served:.1f} / {_p99(timings['exposition']):.1f} | "
+              f"{statistics.median(timings['generate_latest']):.1f} | {families(body)[0][0]} |")
 
 
 if __name__ == "__main__":
