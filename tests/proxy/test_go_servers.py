@@ -1,6 +1,6 @@
-"""Servers in another language behind the proxy: two Go MCP servers (tests/peers/go, one on the official Go SDK,
-one on mcp-go, built from pinned modules by scripts/go-peers) with the tools of the Python twin
-(servers/twin_server.py).
+"""Servers in other languages behind the proxy: two Go MCP servers (tests/peers/go, one on the official Go SDK,
+one on mcp-go, built from pinned modules by scripts/go-peers) and a Rust one over stdio (tests/peers/rust, on the
+official rmcp crate), with the tools of the Python twin (servers/twin_server.py).
 
 Through the stdio and the HTTP proxy: the bytes direct and proxied are the same, token figures equal the twin's
 for the same results, budgets and guards act, nothing is counted as invalid. Every way the Go servers were seen to
@@ -35,6 +35,8 @@ from .test_http import _open
 pytestmark = pytest.mark.slow
 
 GO_SERVERS = ("gosdk", "mcpgo")
+STDIO_SERVERS = (*GO_SERVERS, "rmcp")  # and the Rust server, on the official rmcp crate (stdio only)
+RUST_PEER = ROOT / "tests" / "peers" / "rust"
 TWIN = Path(__file__).parent / "servers" / "twin_server.py"
 TOOLS = ("read_document", "weather", "fail", "image")
 WAIT = 30.0  # seconds, for any one answer
@@ -48,6 +50,26 @@ def go_peers() -> dict[str, str]:
     done = subprocess.run([str(ROOT / "scripts" / "go-peers")], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr
     return {Path(path).name: path for path in done.stdout.split()}
+
+
+@pytest.fixture(scope="session")
+def rust_peer() -> str:
+    """The Rust server (tests/peers/rust, on rmcp), built by cargo into the cache (nothing to do once built)."""
+    if shutil.which("cargo") is None:
+        pytest.skip("'cargo' is not on PATH: the Rust MCP test server is built from source")
+    target = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcp-token-otel" / "rust-peers"
+    done = subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
+                           str(RUST_PEER / "Cargo.toml"), "--target-dir", str(target)],
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr
+    return str(target / "release" / "rmcp-peer")
+
+
+def stdio_binary(request: pytest.FixtureRequest, server: str) -> str:
+    """The binary of a stdio server: a Go one, or the Rust one (rmcp)."""
+    if server == "rmcp":
+        return str(request.getfixturevalue("rust_peer"))
+    return str(request.getfixturevalue("go_peers")[server])
 
 
 def message(msg_id: int | str | None, method: str, params: dict[str, Any] | None = None) -> bytes:
@@ -171,16 +193,17 @@ def assert_clean(text: str, server: str) -> None:
     assert sample(text, "mcp_token_instrumentation_errors_total", server=server) == 0
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_stdio_byte_identical(go_peers: dict[str, str], server: str) -> None:
+@pytest.mark.parametrize("server", STDIO_SERVERS)
+def test_stdio_byte_identical(request: pytest.FixtureRequest, server: str) -> None:
     """Every byte the Go server writes reaches the client unchanged (its HTML-safe escapes \\u003c \\u0026, its
     key order, its omitted fields), and the proxy counts each message by kind, none invalid."""
-    binary = go_peers[server]
+    binary = stdio_binary(request, server)
     direct = converse([binary], dict(os.environ), CONVERSATION)
     port = free_port()
     out, status, text = converse(*proxied([binary], server, port), CONVERSATION, metrics_port=port)
     assert (out, status) == direct[:2] and status == 0
-    assert b"\\u003cdraft\\u003e \\u0026 notes" in out  # Go's encoding/json escapes; the Python SDK writes "<"
+    # Go's encoding/json escapes <, > and &; Rust's serde_json and the Python SDK do not.
+    assert (b"\\u003cdraft\\u003e \\u0026 notes" in out) == (server in GO_SERVERS)
     assert_clean(text, server)
     assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="unmatched") == 0
     assert sample(text, "mcp_token_proxy_messages_total", server=server, direction="server_to_client",
@@ -190,31 +213,38 @@ def test_stdio_byte_identical(go_peers: dict[str, str], server: str) -> None:
     assert sample(text, "mcp_token_tool_definition_tokens", server=server, tool="read_document") > 0
 
 
-def test_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> None:
-    """The same results from three SDKs in two languages (Go's escapes and key order, Python's), measured
-    through the stdio proxy with the default estimator: every per-tool figure is equal."""
-    commands = {"gosdk": [go_peers["gosdk"]], "mcpgo": [go_peers["mcpgo"]], "twin": [sys.executable, str(TWIN)]}
-    figures: dict[str, dict[str, dict[str, float]]] = {}
-    results: dict[str, list[Any]] = {}
-    for server, command in commands.items():
-        port = free_port()
-        out, status, text = converse(*proxied(command, server, port), CONVERSATION, metrics_port=port)
-        assert status == 0
-        assert_clean(text, server)
-        figures[server] = tool_figures(text, server)
-        results[server] = [a["result"] for a in answers(out) if a["id"] not in (1, 2)]  # not initialize, tools/list
-    assert results["gosdk"] == results["mcpgo"] == results["twin"]  # the same JSON values
-    assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
-    assert figures["twin"]["read_document"]["mcp_token_tokens_total:output"] > 8_000  # ~42 KB, twice read
-    assert figures["twin"]["image"]["mcp_token_tokens_total:output"] > 0
+def stdio_figures(server: str, command: list[str]) -> tuple[list[Any], dict[str, dict[str, float]]]:
+    """The tool results (not initialize, not tools/list) and per-tool figures through the stdio proxy."""
+    port = free_port()
+    out, status, text = converse(*proxied(command, server, port), CONVERSATION, metrics_port=port)
+    assert status == 0
+    assert_clean(text, server)
+    return [a["result"] for a in answers(out) if a["id"] not in (1, 2)], tool_figures(text, server)
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_guards_and_budget(go_peers: dict[str, str], server: str) -> None:
+@pytest.fixture(scope="module")
+def twin_figures() -> tuple[list[Any], dict[str, dict[str, float]]]:
+    return stdio_figures("twin", [sys.executable, str(TWIN)])
+
+
+@pytest.mark.parametrize("server", STDIO_SERVERS)
+def test_token_figures_equal_the_python_twin(request: pytest.FixtureRequest, server: str,
+                                             twin_figures: tuple[list[Any], dict[str, dict[str, float]]]) -> None:
+    """The same results from SDKs in three languages (Go's escapes and key order, Rust's, Python's), measured
+    through the stdio proxy with the default estimator: every per-tool figure equals the Python twin's."""
+    results, figures = stdio_figures(server, [stdio_binary(request, server)])
+    assert results == twin_figures[0]  # the same JSON values
+    assert figures == twin_figures[1]
+    assert figures["read_document"]["mcp_token_tokens_total:output"] > 8_000  # ~42 KB, twice read
+    assert figures["image"]["mcp_token_tokens_total:output"] > 0
+
+
+@pytest.mark.parametrize("server", STDIO_SERVERS)
+def test_guards_and_budget(request: pytest.FixtureRequest, server: str) -> None:
     """Guards enforced in front of a Go server: the large result is cut to the cap, a result left alone goes on
     as the server's very bytes, the session budget passes warning and exhaustion once each, then calls are
     refused by the proxy."""
-    binary = go_peers[server]
+    binary = stdio_binary(request, server)
     lines = [*initialize(), (message(2, "tools/list"), 1), *(call(i, "read_document") for i in range(3, 7)),
              call(7, "weather")]
     direct = converse([binary], dict(os.environ), lines)[0].splitlines()
@@ -391,52 +421,61 @@ def unmatched_seen(count: int) -> Callable[[str], bool]:
     return lambda text: sample(text, "mcp_token_proxy_messages_total", kind="unmatched") >= count
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_stdio_differences_relayed_unchanged(go_peers: dict[str, str], server: str) -> None:
-    """What the Go servers do that the Python SDK does not, relayed as they do it (the same bytes and exit
-    status as direct): an id above 2**53 answered rounded (both Go SDKs decode ids as float64), so the answer
-    pairs with no request; the error texts of an unknown method; a batch on 2025-11-25 refused by mcp-go with
-    an id-null parse error, and ending the Go SDK's whole session (it exits)."""
-    binary = go_peers[server]
+#: Per server: the id its answer to BIG_ID carries, its answer to a batch (None: it exits, with status 1), and
+#: how the proxy counts that answer.
+BATCH_ANSWERS: dict[str, tuple[int, dict[str, Any] | None, str | None]] = {
+    "gosdk": (BIG_ID - 1, None, None),
+    "mcpgo": (BIG_ID - 1, {"jsonrpc": "2.0", "id": None,
+                           "error": {"code": -32700, "message": "Failed to parse message"}}, "unmatched"),
+    # No id at all, where JSON-RPC 2.0 asks for "id": null: not JSON-RPC, so counted invalid.
+    "rmcp": (BIG_ID, {"jsonrpc": "2.0", "error": {"code": -32600, "message": "Invalid request"}}, "invalid"),
+}
+
+
+@pytest.mark.parametrize("server", STDIO_SERVERS)
+def test_stdio_differences_relayed_unchanged(request: pytest.FixtureRequest, server: str) -> None:
+    """What these servers do that the Python SDK does not, relayed as they do it (the same bytes and exit
+    status as direct): an id above 2**53 answered rounded by both Go SDKs (they decode ids as float64), so the
+    answer pairs with no request; their own error texts for an unknown method; a batch on 2025-11-25 refused
+    with an id-null parse error (mcp-go), an error without id (rmcp), or by ending the whole session (Go SDK)."""
+    binary = stdio_binary(request, server)
+    answered_id, batch_answer, batch_kind = BATCH_ANSWERS[server]
     before = [*initialize("2099-01-01"), (message(BIG_ID, "ping"), 1), (message("", "ping"), 1),
               (message(8, "no/such/method"), 1)]
-    after = [(BATCH.encode(), 1), (message(9, "ping"), 1)] if server == "mcpgo" else [(BATCH.encode(), 0)]
+    after = [(BATCH.encode(), 1), (message(9, "ping"), 1)] if batch_answer else [(BATCH.encode(), 0)]
     direct = converse([binary], dict(os.environ), before + after)
+    unmatched = (answered_id != BIG_ID) + (batch_kind == "unmatched")
     port = free_port()
     with stdio(*proxied([binary], server, port)) as talker:
         out = b"".join(b"".join(talker.send(line, replies)) for line, replies in before)
-        if server == "gosdk":  # read before the batch: the server's exit ends the proxy and its /metrics
-            text = metrics_when(port, unmatched_seen(1))
+        if batch_answer is None:  # read before the batch: the server's exit ends the proxy and its /metrics
+            text = metrics_when(port, responses_seen(3))
         out += b"".join(b"".join(talker.send(line, replies)) for line, replies in after)
-        if server == "mcpgo":
-            text = metrics_when(port, unmatched_seen(2))
+        if batch_answer is not None:
+            text = metrics_when(port, responses_seen(4))
         rest, status = talker.finish()
     assert (out + rest, status) == direct[:2]
     got = answers(out + rest)
-    assert got[0]["result"]["protocolVersion"] == "2025-11-25"  # an unknown version: both offer 2025-11-25
-    assert got[1] == {"jsonrpc": "2.0", "id": BIG_ID - 1, "result": {}}
-    assert got[2]["id"] == ""
-    assert got[3]["error"]["code"] == -32601
-    if server == "gosdk":
-        assert status == 1 and len(got) == 4  # the batch ended the session
-    else:
-        assert status == 0 and got[4] == {"jsonrpc": "2.0", "id": None,
-                                         "error": {"code": -32700, "message": "Failed to parse message"}}
-        assert got[5]["id"] == 9
-    assert_clean(text, server)
-    responses = 3 + (server == "mcpgo")  # initialize, the two pings, the error; the rounded id is unmatched
+    assert got[0]["result"]["protocolVersion"] == "2025-11-25"  # an unknown version: all offer 2025-11-25
+    assert got[1] == {"jsonrpc": "2.0", "id": answered_id, "result": {}}
+    assert got[2]["id"] == "" and got[3]["error"]["code"] == -32601
+    assert got[4:] == ([] if batch_answer is None else [batch_answer, {"jsonrpc": "2.0", "id": 9, "result": {}}])
+    assert status == (1 if batch_answer is None else 0)
+    # initialize, the pings, the error: responses; the rounded id and an id-null error pair with no request.
     assert sample(text, "mcp_token_proxy_messages_total", server=server, direction="server_to_client",
-                  kind="response") == responses
-    unmatched = 1 + (server == "mcpgo")  # the rounded id, and mcp-go's id-null error
+                  kind="response") == 3 + (batch_answer is not None) + (answered_id == BIG_ID)
     assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="unmatched") == unmatched
+    assert sample(text, "mcp_token_proxy_messages_total", server=server, kind="invalid") == \
+        (batch_kind == "invalid")
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_stdio_2026_protocol_through_the_proxy(go_peers: dict[str, str], server: str) -> None:
-    """Over stdio both Go SDKs speak 2026-07-28 (server/discover, serverInfo in each result's _meta) with the
-    mcp 2.x Client in auto mode: the same protocol and results through the proxy, measured, none invalid."""
+@pytest.mark.parametrize("server", STDIO_SERVERS)
+def test_stdio_2026_protocol_through_the_proxy(request: pytest.FixtureRequest, server: str) -> None:
+    """Over stdio the Go SDKs and rmcp speak 2026-07-28 (server/discover, serverInfo in each result's _meta)
+    with the mcp 2.x Client in auto mode: the same protocol and results through the proxy, none invalid."""
     port = free_port()
-    argv, env = proxied([go_peers[server]], server, port)
+    binary = stdio_binary(request, server)
+    argv, env = proxied([binary], server, port)
     scraped: list[str] = []
 
     async def session(params: StdioServerParameters, metrics_port: int | None) -> list[Any]:
@@ -448,7 +487,7 @@ def test_stdio_2026_protocol_through_the_proxy(go_peers: dict[str, str], server:
                     scraped.append(await anyio.to_thread.run_sync(metrics_when, metrics_port, responses_seen(5)))
                 return [client.protocol_version, *results]
 
-    direct = anyio.run(session, StdioServerParameters(command=go_peers[server]), None)
+    direct = anyio.run(session, StdioServerParameters(command=binary), None)
     through = anyio.run(session, StdioServerParameters(command=argv[0], args=argv[1:], env=env), port)
     assert through == direct and direct[0] == "2026-07-28"
     (text,) = scraped
