@@ -349,10 +349,6 @@ def http_proxy(upstream: str, name: str) -> Iterator[tuple[str, int]]:
                 proc.wait(timeout=WAIT)
 
 
-def http_metrics(metrics_port: int, responses: int) -> str:
-    return metrics_when(metrics_port, responses_seen(responses))
-
-
 @pytest.mark.parametrize("server", GO_SERVERS)
 def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
     """Every status, header (in Go's canonical capitalisation, Mcp-Session-Id) and body byte as direct: the Go
@@ -361,7 +357,7 @@ def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
         direct = http_conversation(url)
         with http_proxy(url, server) as (base, metrics_port):
             through = http_conversation(base + "/mcp")
-            text = http_metrics(metrics_port, 8)
+            text = metrics_when(metrics_port, responses_seen(8))
     assert through == direct
     assert ("Mcp-Session-Id", "SESSION") in direct[0][1]  # not the Python SDK's mcp-session-id
     content_type = dict(direct[3][1])["Content-Type"]
@@ -382,11 +378,30 @@ def test_http_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> N
     for server, command in commands.items():
         with serving(command) as url, http_proxy(url, server) as (base, metrics_port):
             http_conversation(base + "/mcp")
-            text = http_metrics(metrics_port, 8)
+            text = metrics_when(metrics_port, responses_seen(8))
         assert_clean(text, server)
         figures[server] = tool_figures(text, server)
     assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
     assert figures["twin"]["read_document"]["mcp_token_tokens_total:output"] > 0
+
+
+@pytest.mark.parametrize("server", GO_SERVERS)
+def test_http_guard_cuts_either_framing(go_peers: dict[str, str], server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards over HTTP: the large result is cut inside the Go SDK's SSE event and in mcp-go's JSON body (its
+    Content-Length written again); every other exchange is the server's bytes."""
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MODE", "enforce")
+    monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS", "2000")
+    with serving([go_peers[server]]) as url:
+        direct = http_conversation(url)
+        with http_proxy(url, server) as (base, metrics_port):
+            through = http_conversation(base + "/mcp")
+            text = metrics_when(metrics_port, responses_seen(8))
+    assert [i for i, exchange in enumerate(direct) if through[i] != exchange] == [3]  # read_document
+    body = through[3][2]
+    assert b"truncated to the limit of 2,000 tokens" in body and len(body) < len(direct[3][2]) / 3
+    assert sample(text, "mcp_token_guard_actions_total", side="proxy", server=server, policy="response_cap",
+                  action="truncated") == 1
+    assert_clean(text, server)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -406,7 +421,7 @@ def test_sdk_client_negotiates_the_same_through_the_proxy(go_peers: dict[str, st
         direct = anyio.run(session, url)
         with http_proxy(url, server) as (base, metrics_port):
             through = anyio.run(session, base + "/mcp")
-            text = http_metrics(metrics_port, 4)
+            text = metrics_when(metrics_port, responses_seen(4))
     assert through == direct
     assert direct[0] == ("2026-07-28" if mode == "auto" and server == "mcpgo" else "2025-11-25")
     assert_clean(text, server)
