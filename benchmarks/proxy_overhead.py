@@ -1,11 +1,13 @@
-"""Latency and throughput the proxy adds, stdio and streamable HTTP, 2 KB and 200 KB results, proxy vs direct.
+"""Latency, throughput and CPU the proxy adds, stdio and streamable HTTP, 2 KB and 200 KB results, proxy vs direct.
 
 Both arms run in this one process against the same kind of server, requests interleaved (one to the direct
-server, one through the proxy, ...), so machine noise hits both alike. The servers are minimal JSON-RPC
-responders (a Python line responder for stdio, a bare ASGI app on uvicorn for HTTP) so that the figures are
-the proxy's, not an SDK's. The proxy runs as a user runs it (``mcp-token-otel proxy``, default config,
-measurement on). Added latency = proxy percentile - direct percentile. Throughput: sequential requests per
-second, the arms alternating in 100 ms slices.
+server, one through the proxy, ...), so machine noise hits both alike. Over stdio the server is an mcp 2.x
+``MCPServer`` (what users proxy; the handshake first), or with ``--server line`` a minimal line responder (the
+proxy's own cost, without an SDK's); over HTTP a bare ASGI app on uvicorn. The proxy runs as a user runs it
+(``mcp-token-otel proxy``, default config, measurement on, /metrics served). Added latency = proxy percentile -
+direct percentile. CPU (stdio): user + system time of the proxy and its measuring process per request, from
+/proc, over the interleaved requests. Throughput: sequential requests per second, the arms alternating in
+100 ms slices.
 
 ``--guard`` adds a third arm: the proxy with every guard policy on in observe mode (GUARD_ENV), where the
 proxy measures and guards each message on the relay path (docs/proxy.md, Guards); its added latency is
@@ -14,12 +16,14 @@ printed beside the plain proxy's.
 ``--baseline DIR`` adds an arm running the proxy from another checkout (e.g. ``git worktree add /tmp/base REV``),
 interleaved with the others, so before and after are measured in the same conditions on a shared machine.
 
-    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--guard] [--baseline DIR]
+    python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--transport stdio]
+        [--server sdk|line] [--sizes 2000,200000] [--guard] [--baseline DIR] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -28,7 +32,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,26 @@ LINE_SERVER = textwrap.dedent("""
         out.write(json.dumps(body).encode() + b"\\n")
         out.flush()
 """)
+
+#: An mcp 2.x server over stdio (what users proxy), one tool returning ``size`` characters.
+SDK_SERVER = textwrap.dedent("""
+    import sys
+    from mcp.server.mcpserver import MCPServer
+    text = "x" * int(sys.argv[1])
+    server = MCPServer("bench")
+
+    @server.tool()
+    def payload(q: str) -> str:
+        return text
+
+    server.run("stdio")
+""")
+#: The handshake an MCP client sends first over stdio (the SDK server answers nothing before it).
+HANDSHAKE = (
+    b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},'
+    b'"clientInfo":{"name":"bench","version":"1"}}}\n',
+    b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n',
+)
 
 HTTP_SERVER = textwrap.dedent("""
     import json, sys, uvicorn
@@ -113,11 +136,24 @@ def _request(rid: int) -> bytes:
 
 
 class StdioArm:
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None, tree: Path = ROOT) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, tree: Path = ROOT,
+                 handshake: bool = False) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env, tree))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.rid = 0
+        if handshake:
+            self.stdin.write(HANDSHAKE[0])
+            self.stdin.flush()
+            self.stdout.readline()
+            self.stdin.write(HANDSHAKE[1])
+            self.stdin.flush()
+
+    def cpu_seconds(self, server: list[str]) -> float:
+        """CPU (user + system) of the proxy and its measuring process: every process of this arm's tree but the
+        server (the direct arm: none)."""
+        command = " ".join(server)
+        return sum(_cpu(pid) for pid in _tree(self.proc.pid) if not _cmdline(pid).startswith(command))
 
     def call(self) -> int:
         self.rid += 1
@@ -130,6 +166,33 @@ class StdioArm:
     def close(self) -> None:
         self.stdin.close()
         self.proc.wait(timeout=30)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(child) for child in task.read_text().split()]
+    return out
+
+
+def _cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 class HttpArm:
@@ -199,6 +262,7 @@ def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str
         "transport": transport, "result": f"{size // 1000} KB",
         "direct_p50_us": _pct(d, 0.5), "proxy_p50_us": _pct(p, 0.5),
         "added_p50_us": _pct(p, 0.5) - _pct(d, 0.5), "added_p95_us": _pct(p, 0.95) - _pct(d, 0.95),
+        "added_p99_us": _pct(p, 0.99) - _pct(d, 0.99),
         "direct_mean_us": statistics.fmean(d), "proxy_mean_us": statistics.fmean(p),
         "direct_p99_us": _pct(d, 0.99), "proxy_p99_us": _pct(p, 0.99),
         "ratio_p50": _pct(p, 0.5) / _pct(d, 0.5),
@@ -207,20 +271,27 @@ def _row(transport: str, size: int, times: dict[str, list[float]], rps: dict[str
 
 
 def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False,
-                baseline: Path | None = None) -> dict[str, Any]:
-    server = [sys.executable, "-c", LINE_SERVER, str(size)]
-    arms = {"direct": StdioArm(server), "proxy": StdioArm(_proxy("--name", "bench", "--", *server))}
-    if guard:
-        arms["guard"] = StdioArm(_proxy("--name", "bench", "--", *server), GUARD_ENV)
-    if baseline is not None:
-        arms["baseline"] = StdioArm(_proxy("--name", "bench", "--", *server), tree=baseline)
+                baseline: Path | None = None, server_kind: str = "sdk") -> dict[str, Any]:
+    script = SDK_SERVER if server_kind == "sdk" else LINE_SERVER
+    server = [sys.executable, "-c", script, str(size)]
+    wanted = {"proxy": (None, ROOT), **({"guard": (GUARD_ENV, ROOT)} if guard else {}),
+              **({"baseline": (None, baseline)} if baseline is not None else {})}
+    arms = {"direct": StdioArm(server, handshake=server_kind == "sdk")}
+    for name, (env, tree) in wanted.items():
+        proxy = _proxy("--name", "bench", "--metrics-port", str(_free_port()), "--", *server)  # as users run it
+        arms[name] = StdioArm(proxy, env, tree, handshake=server_kind == "sdk")
     try:
-        times = _interleaved(arms, iterations, warmup)
+        _interleaved(arms, warmup, 0)  # every process started and warm before the CPU clock starts
+        time.sleep(1.0)
+        cpu = {name: arm.cpu_seconds(server) for name, arm in arms.items()}
+        times = _interleaved(arms, iterations, 0)
+        time.sleep(1.0)  # the measuring process's share of the last calls (and one metrics export) lands
+        cpu = {name: (arm.cpu_seconds(server) - cpu[name]) / iterations * 1e6 for name, arm in arms.items()}
         rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
         for arm in arms.values():
             arm.close()
-    return _row("stdio", size, times, rps)
+    return {**_row("stdio", size, times, rps), **{f"{name}_cpu_us": cpu[name] for name in arms}}
 
 
 def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
@@ -251,51 +322,77 @@ def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
     return _row("HTTP", size, times, rps)
 
 
+def _table(rows: list[dict[str, Any]], arms: list[str], markdown: bool) -> None:
+    header = ["transport", "server", "result", "direct p50"]
+    for arm in arms:
+        header += [f"{arm} p50", "added p50", "added p95", "added p99", f"{arm} CPU/call", f"{arm} req/s"]
+    header.append("direct req/s")
+    lines = []
+    for r in rows:
+        line = [r["transport"], r["server"], r["result"], f"{r['direct_p50_us']:,.0f}"]
+        for arm in arms:
+            key = "" if arm == "proxy" else f"{arm}_"
+            added = {q: r[f"{key}added_{q}_us"] for q in ("p50", "p95")}
+            p99 = r["added_p99_us"] if arm == "proxy" else r[f"{arm}_p99_us"] - r["direct_p99_us"]
+            cpu = r.get(f"{arm}_cpu_us")
+            line += [f"{r[f'{arm}_p50_us']:,.0f}", f"{added['p50']:+,.0f}", f"{added['p95']:+,.0f}", f"{p99:+,.0f}",
+                     "" if cpu is None else f"{cpu:,.0f}", f"{r[f'{arm}_rps']:,.0f}"]
+        lines.append([*line, f"{r['direct_rps']:,.0f}"])
+    if markdown:
+        print("| " + " | ".join(header) + " |\n|" + "|".join("---" for _ in header) + "|")
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+        return
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
+    for row in (header, *lines):
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _targets(rows: list[dict[str, Any]]) -> None:
+    """The targets: stdio 2 KB added p50 <= 150 µs, p99 <= 500 µs, proxy + measuring CPU <= 300 µs a call;
+    HTTP 2 KB added p50 <= 1 ms; 200 KB p50 within 2x direct."""
+    for r in rows:
+        where = f"{r['transport']} ({r['server']} server) {r['result']}"
+        if r["result"] != "2 KB":
+            checks = [("p50 <= 2x direct", r["ratio_p50"], 2.0, "x")]
+        elif r["transport"] == "stdio":
+            checks = [("added p50", r["added_p50_us"], 150.0, " µs"), ("added p99", r["added_p99_us"], 500.0, " µs"),
+                      ("proxy + measuring CPU per call", r["proxy_cpu_us"], 300.0, " µs")]
+        else:
+            checks = [("added p50", r["added_p50_us"], 1000.0, " µs")]
+        for what, value, limit, unit in checks:
+            verdict = "met" if value <= limit else "MISSED"
+            print(f"target {where} {what} <= {limit:g}{unit}: {value:,.1f}{unit} {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=2000, help="interleaved requests per arm at 2 KB")
     parser.add_argument("--large-iterations", type=int, default=300, help="interleaved requests per arm at 200 KB")
     parser.add_argument("--transport", choices=("stdio", "http", "both"), default="both")
+    parser.add_argument("--server", choices=("sdk", "line"), default="sdk",
+                        help="stdio server: an mcp 2.x MCPServer (default) or a minimal line responder")
+    parser.add_argument("--sizes", default="2000,200000", help="result sizes in bytes, comma-separated")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--guard", action="store_true", help="add the arm with every guard policy on (observe)")
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="add the arm of the proxy in another checkout")
     args = parser.parse_args()
-    runs: list[tuple[Callable[..., dict[str, Any]], int, int]] = []
-    if args.transport in ("stdio", "both"):
-        runs += [(bench_stdio, 2_000, args.iterations), (bench_stdio, 200_000, args.large_iterations)]
-    if args.transport in ("http", "both"):
-        runs += [(bench_http, 2_000, args.iterations), (bench_http, 200_000, args.large_iterations)]
+    sizes = [int(size) for size in args.sizes.split(",")]
     load_before = os.getloadavg()[0]
-    rows = [bench(size, n, max(50, n // 10), args.guard, args.baseline) for bench, size, n in runs]
+    rows = []
+    for size in sizes:
+        n = args.iterations if size < 100_000 else args.large_iterations
+        if args.transport in ("stdio", "both"):
+            row = bench_stdio(size, n, max(50, n // 10), args.guard, args.baseline, args.server)
+            rows.append({**row, "server": "mcp 2.x" if args.server == "sdk" else "line"})
+        if args.transport in ("http", "both"):
+            rows.append({**bench_http(size, n, max(50, n // 10), args.guard, args.baseline), "server": "ASGI"})
     print(f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
-          f"times in microseconds per request (round trip), {args.iterations} / {args.large_iterations} per arm")
-    print(f"{'transport':<10}{'result':>8}{'direct p50':>12}{'proxy p50':>11}{'added p50':>11}{'added p95':>11}"
-          f"{'direct mean':>13}{'proxy mean':>12}{'direct p99':>12}{'proxy p99':>11}{'p50 ratio':>11}"
-          f"{'direct req/s':>14}{'proxy req/s':>13}")
-    for r in rows:
-        print(f"{r['transport']:<10}{r['result']:>8}{r['direct_p50_us']:>10.0f}us{r['proxy_p50_us']:>9.0f}us"
-              f"{r['added_p50_us']:>9.0f}us{r['added_p95_us']:>9.0f}us{r['direct_mean_us']:>11.0f}us"
-              f"{r['proxy_mean_us']:>10.0f}us{r['direct_p99_us']:>10.0f}us{r['proxy_p99_us']:>9.0f}us"
-              f"{r['ratio_p50']:>10.2f}x{r['direct_rps']:>14.0f}{r['proxy_rps']:>13.0f}")
-    titles = {"guard": "guard arm (every policy, observe mode; measured and guarded on the relay path):",
-              "baseline": f"baseline arm (the proxy of {args.baseline}):"}
-    for name in (n for n in EXTRA_ARMS if f"{n}_p50_us" in rows[0]):
-        print(titles[name])
-        print(f"{'transport':<10}{'result':>8}{name + ' p50':>13}{'added p50':>11}{'added p95':>11}"
-              f"{name + ' mean':>14}{name + ' p99':>13}{name + ' req/s':>15}  (this proxy: added p50, req/s)")
-        for r in rows:
-            print(f"{r['transport']:<10}{r['result']:>8}{r[f'{name}_p50_us']:>11.0f}us"
-                  f"{r[f'{name}_added_p50_us']:>9.0f}us{r[f'{name}_added_p95_us']:>9.0f}us"
-                  f"{r[f'{name}_mean_us']:>12.0f}us{r[f'{name}_p99_us']:>11.0f}us{r[f'{name}_rps']:>15.0f}"
-                  f"  ({r['added_p50_us']:.0f}us, {r['proxy_rps']:.0f})")
-    limits = {"stdio": 300.0, "HTTP": 1000.0}
-    for r in rows:
-        if r["result"] == "2 KB":
-            met = r["added_p50_us"] <= limits[r["transport"]]
-            print(f"target {r['transport']} 2 KB added p50 <= {limits[r['transport']]:.0f} us: "
-                  f"{'met' if met else 'MISSED'}")
-        else:
-            print(f"target {r['transport']} 200 KB p50 <= 2x direct: {'met' if r['ratio_p50'] <= 2 else 'MISSED'}")
+          f"µs per request (round trip), {args.iterations} / {args.large_iterations} requests per arm, interleaved; "
+          "CPU: proxy and measuring process per call (stdio)")
+    _table(rows, ["proxy", *(n for n in EXTRA_ARMS if f"{n}_p50_us" in rows[0])], args.markdown)
+    _targets(rows)
     if args.json:
         print(json.dumps(rows))
 

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract
-from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace import NoOpTracer, ProxyTracer, ProxyTracerProvider, Span, SpanKind, StatusCode
 
 from ..core.budget_key import MessageFacts, client_identity
 from ..core.measure import called_tool
@@ -441,6 +442,8 @@ class Tracker:
         kind = SpanKind.CLIENT if direction == C2S else SpanKind.SERVER
         try:
             tracer = self.recorder.tracer
+            if not _traces(tracer):
+                return None  # no tracer provider: the span would record nothing, its set-up costs alone
             if forced is not None:  # a root span with the ids the server was told (the request had no parent)
                 return _start_with_ids(tracer, forced, span_name(method, params), kind, attrs, now)
             meta = params.get("_meta") if isinstance(params, Mapping) else None
@@ -462,6 +465,14 @@ class Tracker:
             span.end(end_time=now)
         except Exception:
             self.stats.faults += 1
+
+
+def _traces(tracer: Any) -> bool:
+    """Whether spans from ``tracer`` can record: not when no tracer provider is set (yet: a proxy tracer
+    becomes real once the application sets one)."""
+    if isinstance(tracer, NoOpTracer):
+        return False
+    return not (isinstance(tracer, ProxyTracer) and isinstance(trace.get_tracer_provider(), ProxyTracerProvider))
 
 
 class _FixedIds:

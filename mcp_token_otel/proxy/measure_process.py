@@ -44,6 +44,9 @@ READY = b"ready\n"
 #: FLUSH_BYTES of payload are pending.
 FLUSH_DELAY = 0.002
 FLUSH_BYTES = 256 * 1024
+#: Thread mode (stdio): the queue's writer, once woken, waits this long (s) and writes what gathered in one go:
+#: one wake-up of it and of the measuring process per few messages, not two per message.
+LINGER = 0.005
 
 
 class RemoteTracker:
@@ -82,7 +85,7 @@ class RemoteMeasurer:
         self._ids = itertools.count(1)
         self._broken = False
         self._dropped_sent = (0, 0)
-        self.queue = MeasureQueue(self._write_data)
+        self.queue = MeasureQueue(self._write_data, linger=LINGER)
         # Event-loop mode (HTTP): records are written from the loop thread itself, non-blocking, with a
         # bounded backlog flushed when the pipe drains; no thread hand-off (and no GIL hand-off) per chunk.
         self._loop: Any = None

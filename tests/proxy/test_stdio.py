@@ -111,7 +111,7 @@ def test_own_server_through_proxy(receiver: Receiver) -> None:
     big_calls = {"side": "proxy", "server": "stdio-test", "tool": "big", "error_type": ""}
     assert sample(text, "mcp_token_operation_duration_seconds_count", **big_calls) == 1
     assert sample(text, "mcp_token_operation_duration_seconds_bucket", **big_calls, le="+Inf") == 1
-    assert sample(text, "mcp_token_message_bytes_sum", side="proxy", tool="big", direction="output") >= 10_000
+    assert sample(text, "mcp_token_bytes_total", side="proxy", tool="big", direction="output") >= 10_000
     assert sample(text, "mcp_token_tool_definitions_tokens", server="stdio-test") > 0
     # The proxy's transition series exist at 0 from the start (increase()-based alerts see the first event).
     assert any(line.startswith("mcp_token_session_transitions_total{") and 'side="proxy"' in line

@@ -237,3 +237,33 @@ def test_proxy_killed_takes_the_server_along() -> None:
     _assert_gone(pid)
     assert proc.stdin is not None
     proc.stdin.close()
+
+
+def test_stdio_writer_lingers_and_keeps_order_and_put_times(tmp_path: Path) -> None:
+    """The stdio relay hands chunks to the writer thread, which lingers to write a burst in one go: every chunk
+    reaches the measuring process, in order, stamped with the time it was put (not written); drain waits for
+    what lingers."""
+    from mcp_token_otel.proxy import measure_process as mp
+
+    assert mp.LINGER > 0
+    sink = tmp_path / "records"
+    measurer = mp.RemoteMeasurer(["sh", "-c", f"echo ready; cat > {sink}"])
+    tracker = measurer.tracker(session_key="k", transport="pipe")
+    stream = measurer.stream(tracker, "client_to_server", "lines")
+    windows = []
+    for i in range(200):
+        before = time.time_ns()
+        measurer.put(stream, b'{"n":%d}\n' % i)
+        windows.append((before, time.time_ns()))
+    assert measurer.queue.drain(30)
+    measurer.close()
+    data, offset, seen = sink.read_bytes(), 0, []
+    while offset < len(data):
+        op, ident, size, now = mp.HEADER.unpack_from(data, offset)
+        offset += mp.HEADER.size
+        if op == mp.DATA:
+            assert ident == stream.id
+            seen.append((data[offset:offset + size], now))
+        offset += size
+    assert [payload for payload, _ in seen] == [b'{"n":%d}\n' % i for i in range(200)]
+    assert all(start <= now <= end for (_, now), (start, end) in zip(seen, windows, strict=True))
