@@ -42,11 +42,16 @@ TOOLS = ("read_document", "weather", "fail", "image")
 WAIT = 30.0  # seconds, for any one answer
 
 
+def toolchain(name: str, why: str) -> None:
+    """Skips when ``name`` is not on PATH, as the project's other peers do; under CI that is a failure."""
+    if shutil.which(name) is None:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"'{name}' is not on PATH: {why}")
+
+
 @pytest.fixture(scope="session")
 def go_peers() -> dict[str, str]:
     """Server name -> binary, built (or found in the cache) by scripts/go-peers."""
-    if shutil.which("go") is None:
-        pytest.skip("'go' is not on PATH: the Go MCP test servers are built from source with Go 1.26")
+    toolchain("go", "the Go MCP test servers are built from source with Go 1.26")
     done = subprocess.run([str(ROOT / "scripts" / "go-peers")], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr
     return {Path(path).name: path for path in done.stdout.split()}
@@ -55,8 +60,7 @@ def go_peers() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def rust_peer() -> str:
     """The Rust server (tests/peers/rust, on rmcp), built by cargo into the cache (nothing to do once built)."""
-    if shutil.which("cargo") is None:
-        pytest.skip("'cargo' is not on PATH: the Rust MCP test server is built from source")
+    toolchain("cargo", "the Rust MCP test server is built from source")
     target = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcp-token-otel" / "rust-peers"
     done = subprocess.run(["cargo", "build", "--release", "--locked", "--quiet", "--manifest-path",
                            str(RUST_PEER / "Cargo.toml"), "--target-dir", str(target)],
