@@ -323,7 +323,7 @@ def post(url: str, body: str, session: str | None) -> tuple[int, list[tuple[str,
 def http_conversation(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]]:
     """initialize, initialized, every tool, a batch and a ping, raw; the session id replaced by SESSION."""
     first = post(url, initialize()[0][0].decode(), None)
-    session = next((v for k, v in first[1] if k.lower() == "mcp-session-id"), "")
+    session = next(v for k, v in first[1] if k.lower() == "mcp-session-id")  # every server here has sessions
     bodies = [initialize()[1][0], *(line for line, _ in CONVERSATION[2:])]
     # A ping last: once its answer is measured, so is the batch's (the measurer reads records in order).
     last = [post(url, BATCH, session), post(url, message(99, "ping").decode(), session)]
