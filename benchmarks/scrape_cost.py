@@ -173,7 +173,7 @@ def main() -> None:
     for what, value, limit, unit in (("bytes", len(body), MAX_BYTES, ""), ("median scrape", served, MAX_MS, " ms")):
         print(f"target {what} <= {limit:,.0f}{unit}: {value:,.1f}{unit} {'met' if value <= limit else 'MISSED'}")
     if args.markdown:
-        print("\n| tools | sides | bytes | lines | gzip | scrape ms (median / p99) | generate_latest ms | largest family |")
+        print("\n| tools | sides | bytes | lines | gzip | scrape ms (median / p99) | generate_latest ms | largest |")
         print(f"|---|---|---|---|---|---|---|---|\n| {args.tools} | {', '.join(sides)} | {len(body):,} | {lines:,} | "
               f"{len(gzip.compress(body, compresslevel=1)):,} | {served:.1f} / {_p99(timings['exposition']):.1f} | "
               f"{statistics.median(timings['generate_latest']):.1f} | {families(body)[0][0]} |")
