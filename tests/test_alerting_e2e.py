@@ -128,6 +128,21 @@ def query(prometheus: str, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+def alertmanager_config(webhook: Webhook) -> dict[str, Any]:
+    """The shipped routing, every receiver on the webhook, group timings of a second."""
+    config = yaml.safe_load(ALERTMANAGER_YML.read_text())
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"http://127.0.0.1:{webhook.port}/{receiver['name']}"
+    route = config["route"]
+    route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
+    for sub in route.get("routes", []):
+        for key in ("group_wait", "group_interval"):
+            if key in sub:
+                sub[key] = route[key]
+    return config
+
+
 @contextlib.contextmanager
 def running_stack(tmp_path: Path, workload: Callable[[int], list[str]]) -> Iterator[dict[str, Any]]:
     """Alertmanager, Prometheus and the workload (its command for the /metrics port it must serve)."""
@@ -136,17 +151,7 @@ def running_stack(tmp_path: Path, workload: Callable[[int], list[str]]) -> Itera
     webhook = Webhook()
     ports = {name: free_port() for name in ("metrics", "prometheus", "alertmanager")}
 
-    am_config = yaml.safe_load(ALERTMANAGER_YML.read_text())
-    for receiver in am_config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"http://127.0.0.1:{webhook.port}/{receiver['name']}"
-    route = am_config["route"]
-    route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
-    for sub in route.get("routes", []):
-        for key in ("group_wait", "group_interval"):
-            if key in sub:
-                sub[key] = route[key]
-    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(alertmanager_config(webhook)))
 
     prom_config = yaml.safe_load(PROMETHEUS_YML.read_text())
     prom_config["global"].update(scrape_interval="1s", evaluation_interval="1s")

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from ..support import ROOT, free_port, require_binary
-from ..test_alerting_e2e import ALERTMANAGER_YML, Webhook, http_ok, scaled, scaled_rules, wait_for
+from ..test_alerting_e2e import Webhook, alertmanager_config, http_ok, scaled, scaled_rules, wait_for
 from .trace_sink import TraceSink
 
 COLLECTOR_YML = ROOT / "deploy/otel-collector/config.yaml"
@@ -70,21 +70,6 @@ def collector_config(ports: dict[str, int], traces_port: int) -> dict[str, Any]:
     batch = config["processors"]["batch"]
     batch["timeout"] = scaled(batch["timeout"])
     config["service"]["telemetry"] = {"metrics": {"level": "none"}}
-    return config
-
-
-def alertmanager_config(webhook: Webhook) -> dict[str, Any]:
-    """The shipped routing, every receiver on the webhook, group timings of a second (as on the direct path)."""
-    config = yaml.safe_load(ALERTMANAGER_YML.read_text())
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"http://127.0.0.1:{webhook.port}/{receiver['name']}"
-    route = config["route"]
-    route.update(group_wait="1s", group_interval="2s", repeat_interval="1h")
-    for sub in route.get("routes", []):
-        for key in ("group_wait", "group_interval"):
-            if key in sub:
-                sub[key] = route[key]
     return config
 
 
