@@ -39,6 +39,24 @@ class _Capped:
         self.folded += 1
         return self.overflow_key
 
+    @property
+    def lock(self) -> threading.Lock:
+        """The lock guarding this family's series (shared by a sink's families): hold it to update a slot."""
+        return self._lock
+
+    def _slot(self, series: dict[Any, Any], key: Any, make: Callable[[tuple[str, ...]], Any]) -> tuple[Any, bool]:
+        with self._lock:
+            found = series.get(key)
+            if found is not None:
+                return found, False
+            full = len(series) >= MAX_SERIES
+            if full:
+                key = self.overflow_key
+                found = series.get(key)
+            if found is None:
+                found = series[key] = make(self._relabel(key))
+            return found, full
+
 
 class Hist:
     """One histogram series: per-bucket counts (not cumulative; the last is +Inf), sum, count."""
@@ -54,6 +72,16 @@ class Hist:
         self.exemplars: dict[int, tuple[dict[str, str], float, float]] | None = None
         #: The renderer's cache (escaped label text, line prefixes): it lives and is cleared with the series.
         self.text: Any = None
+
+    def add(self, index: int, value: float, exemplar: dict[str, str] | None) -> None:
+        """One observation in bucket ``index``; the caller holds the family's lock."""
+        self.buckets[index] += 1
+        self.sum += value
+        self.count += 1
+        if exemplar is not None:
+            if self.exemplars is None:
+                self.exemplars = {}
+            self.exemplars[index] = (exemplar, value, time.time())
 
 
 class Count:
@@ -88,13 +116,13 @@ class HistFamily(_Capped):
             series = self.series.get(key)
             if series is None:
                 series = self._create(key)
-            series.buckets[index] += 1
-            series.sum += value
-            series.count += 1
-            if exemplar is not None:
-                if series.exemplars is None:
-                    series.exemplars = {}
-                series.exemplars[index] = (exemplar, value, time.time())
+            series.add(index, value, exemplar)
+
+    def slot(self, key: Any) -> tuple[Hist, bool]:
+        """The series the records for ``key`` go to (made now if new), to update directly under :attr:`lock`,
+        and whether it is the overflow series (the family was full: each such record adds 1 to ``folded``)."""
+        size = len(self.bounds) + 1
+        return self._slot(self.series, key, lambda labels: Hist(labels, size))
 
     def _create(self, key: Any) -> Hist:
         key = self._room(self.series, key)
@@ -134,6 +162,10 @@ class CountFamily(_Capped):
                     series = self.series[key] = Count(self._relabel(key))
             series.value += value
 
+    def slot(self, key: Any) -> tuple[Count, bool]:
+        """:meth:`HistFamily.slot` for a counter series."""
+        return self._slot(self.series, key, Count)
+
     def touch(self, key: Any) -> None:
         """Create the series at 0 (alerts take increase() of it: it must exist before its first event). A full
         family creates none: nothing was recorded, so nothing is folded."""
@@ -154,3 +186,53 @@ class CountFamily(_Capped):
         with self._lock:
             items = [(key, s.value) for key, s in self.series.items()]
         yield from items
+
+
+class MessageSlots:
+    """The counter series one message key (side, method, tool, direction, server) updates, found once: a sink
+    keeps these per key and adds a message to all of them under one hold of the lock (a family's ``folded``
+    counts each record that went to its overflow series, as :meth:`CountFamily.add` does). ``tokens``: the
+    token counter, where the sink keeps one (the Prometheus sink reads it from its histogram's sums)."""
+
+    __slots__ = ("attrs", "bytes", "folding", "overhead", "tiers", "tokens", "values")
+
+    def __init__(
+        self,
+        values: tuple[Any, ...],
+        attrs: Any,
+        tokens: tuple[CountFamily, Any] | None,
+        sizes: tuple[CountFamily, Any],
+        overhead: tuple[CountFamily, Any] | None,
+    ) -> None:
+        #: (side, server, method, tool): a response's tier series are keyed by these and the tier.
+        self.values = values
+        #: What the sink records the message's histogram point with (its attributes or its key).
+        self.attrs = attrs
+        folding: list[CountFamily] = []
+
+        def slot(family: CountFamily, key: Any) -> Count:
+            series, folded = family.slot(key)
+            if folded:
+                folding.append(family)
+            return series
+
+        self.tokens = slot(*tokens) if tokens is not None else None
+        self.bytes = slot(*sizes)
+        self.overhead = slot(*overhead) if overhead is not None else None
+        self.folding = tuple(folding)
+        #: A response's series per risk tier (its (series, folded) slot), made at the tier's first response.
+        self.tiers: dict[str, tuple[Count, bool]] | None = {} if overhead is not None else None
+
+    def add(self, m: Any, response: tuple[Count, bool] | None, responses: CountFamily) -> None:
+        """Add measurement ``m`` (and a response's count to its tier ``response``); the caller holds the lock."""
+        if self.tokens is not None:
+            self.tokens.value += m.total_tokens
+        self.bytes.value += m.bytes
+        if self.overhead is not None:
+            self.overhead.value += m.overhead_tokens
+        if response is not None:
+            response[0].value += 1
+            if response[1]:
+                responses.folded += 1
+        for family in self.folding:
+            family.folded += 1

@@ -24,7 +24,7 @@ from ..semconv import (
     SCHEMA_URL,
     SCOPE_NAME,
 )
-from .aggregate import CountFamily
+from .aggregate import CountFamily, MessageSlots
 from .sink import CallInfo
 
 #: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
@@ -152,7 +152,7 @@ class OtelMetricsSink:
         self._parts: dict[tuple[str, str], int] = {}
         self._static_max: dict[tuple[str, str], int] = {}
         self._call_attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._attrs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._slots: dict[tuple[Any, ...], MessageSlots] = {}
         self._keys: dict[tuple[Any, ...], Pairs] = {}
         self._deferred: Any = None
         #: The instruments observed from state read at collection; every other counter is pre-aggregated.
@@ -166,7 +166,7 @@ class OtelMetricsSink:
             "mcp_token.tool.static_max.tokens": self._observe_static_max,
             "mcp_token.series.overflow": self._observe_overflow,
         }
-        lock = threading.Lock()
+        lock = self._lock = threading.Lock()
         self.counts: dict[str, CountFamily] = {}
         for family in otel_families("recorder"):
             name = family.otel_name
@@ -253,32 +253,37 @@ class OtelMetricsSink:
         for key, value in list(self._static_max.items()):
             yield metrics.Observation(value, dict(pairs(family, key)))
 
-    def _message_attrs(
-        self, side: str, method: str, tool: str | None, direction: str, server: str
-    ) -> dict[str, Any]:
-        # Attribute dicts are reused: building them per call shows up in the per-call overhead.
-        key = (side, method, tool, direction, server)
-        attrs = self._attrs.get(key)
-        if attrs is None:
-            if len(self._attrs) > _CACHE_BOUND:
-                self._attrs.clear()
-            attrs = self._attrs[key] = dict(self._key("mcp_token.tokens", (side, server, method, tool, direction)))
-        return attrs
+    def _new_slots(self, key: tuple[str, str, str | None, str, str]) -> MessageSlots:
+        side, method, tool, direction, server = key
+        attrs = self._key("mcp_token.tokens", (side, server, method, tool, direction))
+        output = direction == "output"
+        overhead = self._key("mcp_token.overhead.tokens", (side, server, method, tool)) if output else None
+        slots = MessageSlots((side, server, method, tool), dict(attrs), (self._token_sums, attrs),
+                             (self._byte_sums, attrs), (self._overhead, overhead) if overhead else None)
+        if len(self._slots) > _CACHE_BOUND:  # a cache: the series stay in their families
+            self._slots.clear()
+        self._slots[key] = slots
+        return slots
 
     def record_message(
         self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
     ) -> None:
-        attrs = self._message_attrs(side, method, tool, direction, server)
-        context = None if measurement.risk_tier in BREACH_TIERS else _NO_SPAN  # None: the caller's, its span
+        # One message's series are found once (the histogram's attribute dict too) and updated under one lock.
+        slots = self._slots.get((side, method, tool, direction, server))
+        if slots is None:
+            slots = self._new_slots((side, method, tool, direction, server))
+        tier = measurement.risk_tier
         if direction == "output" or self._input_histograms:
-            self._tokens.record(measurement.total_tokens, attrs, context)
-        key = self._key("mcp_token.tokens", (side, server, method, tool, direction))
-        self._token_sums.add(key, measurement.total_tokens)
-        self._byte_sums.add(key, measurement.bytes)
-        if direction == "output":
-            self._overhead.add(self._key("mcp_token.overhead.tokens", (side, server, method, tool)),
-                               measurement.overhead_tokens)
-            self._add("mcp_token.responses", (side, server, method, tool, measurement.risk_tier))
+            context = None if tier in BREACH_TIERS else _NO_SPAN  # None: the caller's, its span
+            self._tokens.record(measurement.total_tokens, slots.attrs, context)
+        response = None
+        if slots.tiers is not None:
+            response = slots.tiers.get(tier)
+            if response is None:
+                response = slots.tiers[tier] = self._responses.slot(
+                    self._key("mcp_token.responses", (*slots.values, tier)))
+        with self._lock:
+            slots.add(measurement, response, self._responses)
 
     def record_transition(self, side: str, state: str, server: str) -> None:
         self._add("mcp_token.session.transitions", (side, server, state))

@@ -19,6 +19,7 @@ values live in prometheus-client's shared files instead (:mod:`.prometheus_multi
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -34,7 +35,7 @@ from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 from . import prometheus_text as text
-from .aggregate import CountFamily, Hist, HistFamily
+from .aggregate import CountFamily, Hist, HistFamily, MessageSlots
 from .prometheus_multiprocess import (
     SharedFileFamilies,
     StatesFn,
@@ -233,8 +234,9 @@ class PrometheusMetrics:
         self._definitions: dict[str, tuple[int, dict[str, int]]] = {}
         #: server -> ({part: tokens}, {tool: static maximum}) of the same result.
         self._profiles: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
-        self._known_outputs: set[tuple[str, str, str, str | None]] = set()
-        self._known_servers: set[tuple[str, str]] = set()
+        self._slots: dict[tuple[str, str, str, str | None, str], MessageSlots] = {}
+        self._lock = lock
+        self._token_bounds = self._tokens.bounds
         self.registry.register(_AggregateCollector(self, created_series))
         # Pre-create series that alerts take increase() of: a series born at its first event would hide
         # that event from increase() (it has no earlier sample), and a healthy process should export 0.
@@ -246,7 +248,6 @@ class PrometheusMetrics:
     def _touch_server(self, side: str, server: str) -> None:
         """A side's first message for a server: its transition, unbudgeted and prompt-cache series start at 0
         (alerts and dashboards take increase() and rate() of them)."""
-        self._known_servers.add((side, server))
         for state in ("warning", "exhausted"):
             self._transitions.touch((side, server, state))
         self._unbudgeted.touch((side, server))
@@ -310,25 +311,42 @@ class PrometheusMetrics:
         if self._files is not None:
             self._files.record_message(side, method, tool, direction, measurement, server)
             return
-        if (side, server) not in self._known_servers:
-            if len(self._known_servers) >= _KNOWN_BOUND:  # only what was touched is forgotten, no value
-                self._known_servers.clear()
-            self._touch_server(side, server)
-        breach = measurement.risk_tier in BREACH_TIERS
-        key = (side, server, method, tool, direction)
+        # One message's series are found once and updated under one hold of the lock.
+        slots = self._slots.get((side, server, method, tool, direction))
+        if slots is None:
+            slots = self._new_slots((side, server, method, tool, direction))
+        tier, tokens = measurement.risk_tier, measurement.total_tokens
+        response = None
+        if slots.tiers is not None:
+            response = slots.tiers.get(tier)
+            if response is None:
+                response = slots.tiers[tier] = self._responses.slot((*slots.values, tier))
         # Exemplars where they help: a breach links its bucket to the trace that caused it.
-        self._tokens.observe(key, measurement.total_tokens, _exemplar() if breach else None)
-        self._byte_sums.add(key, measurement.bytes)
+        exemplar = _exemplar() if tier in BREACH_TIERS else None
+        index = bisect_left(self._token_bounds, tokens)
+        hist, folded = slots.attrs
+        with self._lock:
+            hist.add(index, tokens, exemplar)
+            if folded:
+                self._tokens.folded += 1
+            slots.add(measurement, response, self._responses)
+
+    def _new_slots(self, key: tuple[str, str, str, str | None, str]) -> MessageSlots:
+        """A message key's series; its server's series and a response's breach tiers start at 0 (alerts and
+        dashboards take increase() of them: a series born at its first event would hide that event)."""
+        side, server, method, tool, direction = key
+        self._touch_server(side, server)
+        out = (side, server, method, tool)
+        hist = self._tokens.slot(key)
+        slots = MessageSlots(out, hist, None, (self._byte_sums, key),
+                             (self._overhead, out) if direction == "output" else None)
         if direction == "output":
-            out = (side, server, method, tool)
-            self._overhead.add(out, measurement.overhead_tokens)
-            if out not in self._known_outputs:  # breach tiers exist at 0 before a first breach, for increase()
-                if len(self._known_outputs) >= _KNOWN_BOUND:
-                    self._known_outputs.clear()
-                self._known_outputs.add(out)
-                for breach_tier in _BREACH_TIERS:
-                    self._responses.touch((*out, breach_tier))
-            self._responses.add((*out, measurement.risk_tier))
+            for breach_tier in _BREACH_TIERS:
+                self._responses.touch((*out, breach_tier))
+        if len(self._slots) >= _KNOWN_BOUND:  # a cache: the series stay in their families
+            self._slots.clear()
+        self._slots[key] = slots
+        return slots
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
         if self._files is not None:
