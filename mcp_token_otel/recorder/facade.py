@@ -44,10 +44,11 @@ from .spans import SpanAnnotator, capture_from_env, enabled
 _NAMING = ("initialize", "server/discover")
 
 
-def _meter_provider_set() -> bool:
-    """Whether a global MeterProvider is set: before that the API hands out a proxy (its class is private, so
-    it is recognised by name)."""
-    return type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+def _waiting(provider: metrics.MeterProvider) -> bool:
+    """Whether ``provider`` is the API's proxy, no global MeterProvider set yet (its class is private: known by
+    name, with the attribute it fills in when one is set, read on every message while it waits)."""
+    return type(provider).__name__ == "_ProxyMeterProvider" and hasattr(provider, "_real_meter_provider") and (
+        provider._real_meter_provider is None)
 
 
 class TokenRecorder:
@@ -95,12 +96,13 @@ class TokenRecorder:
         self.sessions = self._ledger.sessions
         #: Bounded tool-name labels.
         self.tool_names: NameLimiter = self._labels.tool_names
-        #: The version the OpenTelemetry sink is made with once a global MeterProvider is set; None: made.
-        self._otel_waiting: str | None = None
+        #: The API's proxy MeterProvider while no global one is set (the OpenTelemetry sink waits); None: made.
+        self._otel_waiting: Any = None
         self._otel_lock = threading.Lock()
-        if meter_provider is None and not _meter_provider_set():
+        proxy = metrics.get_meter_provider() if meter_provider is None else None
+        if proxy is not None and _waiting(proxy):
             # Until an application sets one, the API's proxy records nothing: neither does the sink's work.
-            self._otel_waiting = __version__
+            self._otel_waiting = proxy
         else:
             self._add_otel_sink(meter_provider, __version__)
 
@@ -123,12 +125,12 @@ class TokenRecorder:
 
     def _otel_when_set(self) -> None:
         """The OpenTelemetry sink, made at the first message after a global MeterProvider was set."""
-        if not _meter_provider_set():
-            return
+        from .. import __version__
+
         with self._otel_lock:
-            version, self._otel_waiting = self._otel_waiting, None
-        if version is not None:
-            self._add_otel_sink(None, version)
+            waiting, self._otel_waiting = self._otel_waiting, None
+        if waiting is not None:
+            self._add_otel_sink(None, __version__)
 
     # ------------------------------------------------------------------ sinks and faults
 
@@ -234,7 +236,8 @@ class TokenRecorder:
         """
         if not enabled():
             return None
-        if self._otel_waiting is not None:
+        waiting = self._otel_waiting
+        if waiting is not None and waiting._real_meter_provider is not None:  # one was set: from now on
             self._otel_when_set()
         ledger = self._ledger
         if ledger.ending:
@@ -320,7 +323,8 @@ class TokenRecorder:
     def _output(self, r: Response) -> tuple[Measurement | None, Any]:
         if not enabled():
             return None, r.result
-        if self._otel_waiting is not None:
+        waiting = self._otel_waiting
+        if waiting is not None and waiting._real_meter_provider is not None:  # one was set: from now on
             self._otel_when_set()
         ledger = self._ledger
         if ledger.ending:
