@@ -523,8 +523,7 @@ def in_process_cells(args: argparse.Namespace, meter_provider: MeterProvider) ->
                     # Shown as this run's sdk arm plus what openlit added to the sdk arm of its own run.
                     stats["openlit"] = (*(stats["sdk"][k] + alone["openlit"][k] - alone["sdk"][k] for k in range(3)),
                                         alone["openlit"][3])
-                    notes["openlit"] = (f"in processes of its own (it cannot be uninstrumented): their sdk arm "
-                                        f"{alone['sdk'][0]:,.0f} µs median; added figures are theirs")
+                    notes["openlit"] = f"own processes, vs their sdk arm ({alone['sdk'][0]:,.0f} µs)"
                 results[(mode, label)] = stats
                 table(f"server side, {mode}, {label}", cell_rows(stats, notes), CELL_HEADER, args.markdown)
             if args.both:
