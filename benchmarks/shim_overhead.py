@@ -25,7 +25,8 @@ uninstrument() spends at the end of each block.
 
 ``--stdio``: a fresh mcp 2.x server subprocess per block over stdio (modes auto and legacy), with and without
 the shim (and opentel-mcp); the figure is the server's CPU time per call (its own process_time, read by a tool
-after its background exports of the block). ``--http``: the same over streamable HTTP (one server per arm).
+after its background exports of the block; a MeterProvider set in every server, so each arm's metrics are
+recorded). ``--http``: the same over streamable HTTP (one server per arm).
 
     python benchmarks/shim_overhead.py [--seconds 1] [--rounds 10] [--peers] [--both] [--stdio] [--markdown]
     .venv-peers/bin/python benchmarks/shim_overhead.py --peers --both --stdio --markdown   # the docs' tables
@@ -43,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+import unittest.mock
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,13 +155,20 @@ def floor_hook(meter_provider: MeterProvider) -> Callable[[Any], None]:
     return lambda server: server._lowlevel_server.middleware.append(middleware)
 
 
-def peer_arms(sink_url: str) -> list[Arm]:
+def peer_arms(sink_url: str, meter_provider: MeterProvider) -> list[Arm]:
     """The peers that instrument one server object (opentel-mcp, agentcat); each skipped with a line when absent."""
     arms = []
     if importlib.util.find_spec("opentel_mcp") is not None:
         from opentel_mcp import instrument_mcp_server  # type: ignore[import-not-found,unused-ignore]
+        from opentelemetry import metrics
 
-        arms.append(Arm("opentel-mcp", hook=instrument_mcp_server, meter=True, note="1 span, calls + duration"))
+        def opentel_mcp(server: Any) -> None:
+            # Its instruments come from the global meter provider, which this process leaves unset (the prom
+            # arm's condition): it gets the otel arm's provider, so its metrics are recorded as the shim's are.
+            with unittest.mock.patch.object(metrics, "get_meter", meter_provider.get_meter):
+                instrument_mcp_server(server)
+
+        arms.append(Arm("opentel-mcp", hook=opentel_mcp, note="1 span, calls + duration"))
     else:
         print("opentel-mcp: skipped, not importable here (scripts/bench-peers installs it)")
     if importlib.util.find_spec("agentcat") is not None:
@@ -323,13 +332,16 @@ def run_isolated(peer: str, mode: str, size: int, seconds: float, rounds: int) -
 
 def serve(arm: str, size: int, port: int | None) -> None:
     """Child: an MCPServer over stdio (``port`` None) or streamable HTTP, with the shim or a peer (``arm``)."""
+    from opentelemetry import metrics
+
     setup_tracing()
+    metrics.set_meter_provider(new_meter_provider())  # every arm's metrics recorded (what the process has is theirs)
     server = make_server(payload_of(size))
     if arm == "shim":
         from mcp_token_otel.config import config_from_dict
         from mcp_token_otel.instrumentation import instrument, instrument_server
 
-        instrument(config_from_dict({"instrumentation": {"sides": ["server"]}}), meter_provider=new_meter_provider())
+        instrument(config_from_dict({"instrumentation": {"sides": ["server"]}}))
         instrument_server(server)
     elif arm == "opentel-mcp":
         from opentel_mcp import instrument_mcp_server  # type: ignore[import-not-found,unused-ignore]
@@ -509,7 +521,7 @@ def in_process_cells(args: argparse.Namespace, meter_provider: MeterProvider) ->
         port = free_port()
         sink = subprocess.Popen([sys.executable, "-c", SINK_SERVER, str(port)])
         wait_listening(port)
-        arms += peer_arms(f"http://127.0.0.1:{port}")
+        arms += peer_arms(f"http://127.0.0.1:{port}", meter_provider)
         if importlib.util.find_spec("openlit") is None:
             print("openlit: skipped, not importable here (scripts/bench-peers installs it)")
     notes = {arm.name: arm.note for arm in arms}
