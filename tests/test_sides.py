@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -28,13 +29,28 @@ KIND = {"client": SpanKind.CLIENT, "server": SpanKind.SERVER}
 MODES = ("auto", "legacy") if IS_MCP_V2 else ("memory",)
 
 
+def _global_tracer_provider() -> TracerProvider:
+    """The SDK's own spans (which the shim enriches) go to the GLOBAL tracer provider, settable once per process
+    and perhaps set by other tests already: this module reads its spans there, through its own exporter."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
+    return provider
+
+
+EXPORTER = InMemorySpanExporter()
+TRACER_PROVIDER = _global_tracer_provider()
+
+
 class Seen:
     """The providers one test instruments with, and what the shim emitted through them, by side."""
 
     def __init__(self) -> None:
-        self.exporter, self.reader = InMemorySpanExporter(), InMemoryMetricReader()
-        self.tracer_provider = TracerProvider()
-        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        EXPORTER.clear()
+        self.exporter, self.reader = EXPORTER, InMemoryMetricReader()
+        self.tracer_provider = TRACER_PROVIDER
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
 
     def instrument(self, sides: list[str]) -> None:
@@ -64,7 +80,6 @@ def seen() -> Iterator[Seen]:
     yield seen
     uninstrument()
     seen.meter_provider.shutdown()
-    seen.tracer_provider.shutdown()
 
 
 async def _one_call(mode: str) -> str:

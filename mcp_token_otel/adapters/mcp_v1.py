@@ -223,6 +223,7 @@ class V1Shim:
         self._propagate = recorder.config.spans.propagate_context
         self._conversation = recorder.config.budget.propagate  # budget.propagate: the conversation's baggage
         self._injected = _Injected()
+        self._sides = frozenset(recorder.config.instrumentation.sides)  # the sides this process instruments
 
     # -------------------------------------------------------------- install / uninstall
 
@@ -300,11 +301,16 @@ class V1Shim:
 
     # -------------------------------------------------------------- sessions
 
+    def _side(self, session: Any) -> Side | None:
+        """The session's side when ``instrumentation.sides`` lists it, else None (the session is left alone)."""
+        side = _side_of(session)
+        return side if side in self._sides else None
+
     def session_info(self, session: Any) -> _SessionInfo | None:
         """The session's info; created on first sight for sessions built before install()."""
         info = self._sessions.get(session)
         if info is None:
-            side = _side_of(session)
+            side = self._side(session)
             if side is None:
                 return None
             info = _SessionInfo(side=side, key=uuid.uuid4().hex)
@@ -332,7 +338,7 @@ class V1Shim:
             self.recorder.end_session(info.side, info.key)
 
     def _new_session(self, session: Any) -> None:
-        side = _side_of(session)
+        side = self._side(session)
         if side is None:
             return
         if side == "client":
@@ -547,7 +553,7 @@ class V1Shim:
         """A notification's params, on the metrics only (no span, never on a budget; its session names the
         server)."""
         try:
-            side = _side_of(session)
+            side = self._side(session)
             if side is None:
                 return
             data = wire_dict(notification)
@@ -563,7 +569,7 @@ class V1Shim:
     async def _received_notification(
         self, wrapped: Any, session: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if not self.active:
+        if not self.active or self._side(session) is None:
             return await wrapped(*args, **kwargs)
         notification = argument(args, kwargs, 0, "notification")
         if isinstance(session, ClientSession):

@@ -666,6 +666,8 @@ class V2Shim:
         #: id(anchor) -> (weak reference to it, budget key, its finalizer): the 2026 protocol's per-client anchors.
         self._anchor_keys: dict[int, tuple[weakref.ref[Any], str, weakref.finalize[Any, Any]]] = {}
         self._anchor_sweep_at = 256
+        sides = recorder.config.instrumentation.sides  # the sides this process instruments
+        self._client, self._server = "client" in sides, "server" in sides
 
     # -------------------------------------------------------------- install / uninstall
 
@@ -698,14 +700,14 @@ class V2Shim:
 
     def _server_init(self, wrapped: Any, server: Server, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         wrapped(*args, **kwargs)
-        if self.active:
+        if self.active and self._server:
             self.add_middleware(server)
 
     def _session_init(
         self, wrapped: Any, session: ClientSession, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         wrapped(*args, **kwargs)
-        if self.active:
+        if self.active and self._client:
             self.wrap_session(session)
 
     def _http_init(self, wrapped: Any, transport: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -758,7 +760,7 @@ class V2Shim:
     async def _server_send_request(
         self, wrapped: Any, session: ServerSession, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if not self.active:
+        if not (self.active and self._server):
             return await wrapped(*args, **kwargs)
         return await self._server_request(wrapped, session, *args, **kwargs)
 
@@ -787,7 +789,7 @@ class V2Shim:
     async def _connection_send(
         self, wrapped: Any, connection: Connection, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if not self.active:
+        if not (self.active and self._server):
             return await wrapped(*args, **kwargs)
         return await self._connection_request(wrapped, connection, *args, **kwargs)
 
@@ -837,7 +839,8 @@ class V2Shim:
 
     def instrument_server(self, server: Any) -> None:
         """A server built before ``install`` (a low-level Server or an MCPServer) gets our middleware too."""
-        self.add_middleware(server)
+        if self._server:
+            self.add_middleware(server)
 
     def add_middleware(self, server: Any) -> None:
         """Append our middleware (idempotent); accepts a low-level Server or an MCPServer."""
