@@ -16,7 +16,8 @@ import pstats
 from typing import Any
 
 import anyio
-from shim_overhead import make_server, payload_of, setup_otel
+from opentelemetry import metrics
+from shim_overhead import make_server, new_meter_provider, payload_of, setup_tracing
 
 
 async def profiled(mode: str, size: int, calls: int, profile: cProfile.Profile) -> None:
@@ -56,7 +57,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
-    setup_otel()
+    setup_tracing()
+    metrics.set_meter_provider(new_meter_provider())  # OTel metrics on, as by default with a MeterProvider
     for mode, size in (("auto", 2048), ("legacy", 2048), ("auto", 200 * 1024)):
         added = calls_per_call(mode, size, args.calls, True) - calls_per_call(mode, size, args.calls, False)
         print(f"{mode} {size // 1024} KB: {added:.0f} Python calls added per tools/call", flush=True)
