@@ -54,6 +54,10 @@ def general_otel(sink: OtelMetricsSink, msg: Message) -> None:
     """What the OpenTelemetry sink pre-aggregates for one message, family by family."""
     side, method, tool, direction, m, server = msg
     key = sink._key("mcp_token.tokens", (side, server, method, tool, direction))
+    sink._touch_server(side, server)
+    if direction == "output":
+        for tier in ("critical", "high"):
+            sink._touch("mcp_token.responses", (side, server, method, tool, tier))
     sink.counts["mcp_token.tokens"].add(key, m.total_tokens)
     sink.counts["mcp_token.bytes"].add(key, m.bytes)
     if direction == "output":

@@ -13,6 +13,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from ..catalog import BY_OTEL_NAME, Family, otel_families
+from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 from ..semconv import (
@@ -27,6 +28,8 @@ from ..semconv import (
 from .aggregate import CountFamily, MessageSlots
 from .sink import CallInfo
 
+#: The breach tiers in a fixed order (a frozenset's order changes with the hash seed): series order is stable.
+_BREACH_ORDER = tuple(sorted(BREACH_TIERS))
 #: Recorded with no span in its context, a point is offered to no exemplar reservoir (the SDK's default
 #: trace-based filter samples points recorded inside a sampled span): exemplars only where they help, on the
 #: breaches, whose bucket then links to the trace that caused it. An offer costs about 2.5 µs a point.
@@ -186,6 +189,23 @@ class OtelMetricsSink:
         self._session = {"client": h[MCP_CLIENT_SESSION_DURATION], "server": h[MCP_SERVER_SESSION_DURATION]}
         self._token_sums, self._byte_sums = self.counts["mcp_token.tokens"], self.counts["mcp_token.bytes"]
         self._responses, self._overhead = self.counts["mcp_token.responses"], self.counts["mcp_token.overhead.tokens"]
+        # As on /metrics: series that alerts and panels take increase() of exist at 0 before their first event.
+        self._touched: set[tuple[str, str]] = set()
+        self._touch("mcp_token.instrumentation.errors", ("estimate", server))
+
+    def _touch(self, name: str, values: tuple[Any, ...]) -> None:
+        self.counts[name].touch(self._key(name, values))
+
+    def _touch_server(self, side: str, server: str) -> None:
+        """A side's first message for a named server: its transition, unbudgeted and prompt-cache series at 0."""
+        if (side, server) in self._touched or not server or server == UNKNOWN_SERVER:
+            return  # an unknown name gets its real one later
+        self._touched.add((side, server))
+        for state in ("warning", "exhausted"):
+            self._touch("mcp_token.session.transitions", (side, server, state))
+        for name in ("mcp_token.unbudgeted.tokens", "mcp_token.prompt_cache.invalidations",
+                     "mcp_token.prompt_cache.resent.tokens"):
+            self._touch(name, (side, server))
 
     def _key(self, name: str, values: tuple[Any, ...]) -> Pairs:
         """The attribute pairs of instrument ``name``'s series for ``values``, cached (built once per series)."""
@@ -263,6 +283,10 @@ class OtelMetricsSink:
         if len(self._slots) > _CACHE_BOUND:  # a cache: the series stay in their families
             self._slots.clear()
         self._slots[key] = slots
+        self._touch_server(side, server)
+        if output:
+            for tier in _BREACH_ORDER:
+                self._touch("mcp_token.responses", (side, server, method, tool, tier))
         return slots
 
     def record_message(

@@ -133,7 +133,9 @@ def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup
     assert value(found, "mcp_token_sessions", side="server", server="billing", state="ok") == 0  # override wins
     points = otel.metrics()
     errors = [(dict(p.attributes), p.value) for p in points["mcp_token.instrumentation.errors"]]
-    assert errors == [({M_STAGE: "metrics", A_SERVER_NAME: "billing"}, faults)]
+    # As on /metrics, the estimate stage's series exists at 0 before any estimate fails.
+    assert sorted(errors, key=lambda e: e[0][M_STAGE]) == [({M_STAGE: "estimate", A_SERVER_NAME: "billing"}, 0),
+                                                          ({M_STAGE: "metrics", A_SERVER_NAME: "billing"}, faults)]
     budgets = {p.attributes[M_SCOPE]: p.attributes.get(A_SERVER_NAME) for p in points["mcp_token.output_rate_budget"]}
     assert budgets == {"tool": "billing", "service": "billing"}
 
