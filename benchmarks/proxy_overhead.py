@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+from loopback import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 THROUGHPUT_SECONDS = 2.0  # per arm, in 100 ms slices alternating between the arms
@@ -103,23 +104,6 @@ HTTP_SERVER = textwrap.dedent("""
         await send({"type": "http.response.body", "body": out})
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 """)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_open(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listening on {port}")
 
 
 def _env(extra: dict[str, str] | None = None, tree: Path = ROOT) -> dict[str, str]:
@@ -278,7 +262,7 @@ def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False,
               **({"baseline": (None, baseline)} if baseline is not None else {})}
     arms = {"direct": StdioArm(server, handshake=server_kind == "sdk")}
     for name, (env, tree) in wanted.items():
-        proxy = _proxy("--name", "bench", "--metrics-port", str(_free_port()), "--", *server)  # as users run it
+        proxy = _proxy("--name", "bench", "--metrics-port", str(free_port()), "--", *server)  # as users run it
         arms[name] = StdioArm(proxy, env, tree, handshake=server_kind == "sdk")
     try:
         _interleaved(arms, warmup, 0)  # every process started and warm before the CPU clock starts
@@ -296,19 +280,19 @@ def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False,
 
 def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
                baseline: Path | None = None) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-c", HTTP_SERVER, str(size), str(port)], env=_env())
     proxies: list[subprocess.Popen[bytes]] = []
     arms: dict[str, Any] = {"direct": HttpArm(f"http://127.0.0.1:{port}/mcp")}
     wanted = [("proxy", None, ROOT), *([("guard", GUARD_ENV, ROOT)] if guard else []),
               *([("baseline", None, baseline)] if baseline is not None else [])]
     try:
-        _wait_open(port)
+        wait_listening(port)
         for name, env, tree in wanted:
-            listen = _free_port()
+            listen = free_port()
             proxies.append(subprocess.Popen(_proxy("--listen", f"127.0.0.1:{listen}", "--upstream",
                                                    f"http://127.0.0.1:{port}/mcp"), env=_env(env, tree)))
-            _wait_open(listen)
+            wait_listening(listen)
             arms[name] = HttpArm(f"http://127.0.0.1:{listen}/mcp")
         times = _interleaved(arms, iterations, warmup)
         rps = _throughput(arms, THROUGHPUT_SECONDS)

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+from loopback import free_port, wait_listening
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -407,27 +408,6 @@ def run_http(arms: list[str], size: int, seconds: float, rounds: int) -> dict[st
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int) -> None:
-    import socket
-
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listening on {port}")
 
 
 SINK_SERVER = """
