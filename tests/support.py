@@ -15,6 +15,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mcp_token_otel.config import Config, config_from_dict
@@ -106,6 +107,19 @@ def otel_session(exporter: InMemorySpanExporter, tracer_provider: TracerProvider
     yield Otel(exporter, reader, tracer_provider, meter_provider)
     exporter.clear()
     meter_provider.shutdown()
+
+
+def global_tracer_provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    """The GLOBAL tracer provider, which the SDK's own spans (enriched by the shim) use and which can be set only
+    once per process: set here if no test set it yet, and ``exporter`` added to it."""
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
 
 
 @contextlib.contextmanager

@@ -12,16 +12,15 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.instrumentation import instrument, uninstrument
+
+from .support import global_tracer_provider
 
 IS_MCP_V2 = importlib.util.find_spec("mcp.shared.dispatcher") is not None
 KIND = {"client": SpanKind.CLIENT, "server": SpanKind.SERVER}
@@ -29,19 +28,9 @@ KIND = {"client": SpanKind.CLIENT, "server": SpanKind.SERVER}
 MODES = ("auto", "legacy") if IS_MCP_V2 else ("memory",)
 
 
-def _global_tracer_provider() -> TracerProvider:
-    """The SDK's own spans (which the shim enriches) go to the GLOBAL tracer provider, settable once per process
-    and perhaps set by other tests already: this module reads its spans there, through its own exporter."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    return provider
-
-
 EXPORTER = InMemorySpanExporter()
-TRACER_PROVIDER = _global_tracer_provider()
+#: The SDK's own spans, which the shim enriches, go to the global tracer provider: read there.
+TRACER_PROVIDER = global_tracer_provider(EXPORTER)
 
 
 class Seen:

@@ -11,14 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 # Re-exported for the test modules, which import them from here.
-from ..support import Otel, free_port, instrumented_session, make_config, otel_session
+from ..support import Otel, free_port, global_tracer_provider, instrumented_session, make_config, otel_session
 
 __all__ = ["Otel", "free_port", "make_config", "named"]
 
@@ -29,16 +26,7 @@ if not IS_MCP_V2:
 EXPORTER = InMemorySpanExporter()
 
 
-def _global_tracer_provider() -> TracerProvider:
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    return provider
-
-
-TRACER_PROVIDER = _global_tracer_provider()
+TRACER_PROVIDER = global_tracer_provider(EXPORTER)
 
 
 @pytest.fixture
