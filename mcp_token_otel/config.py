@@ -192,9 +192,6 @@ class InstrumentationConfig:
             object.__setattr__(self, "sides", _build_list(self.sides, "instrumentation.sides"))
         elif isinstance(self.sides, tuple):
             object.__setattr__(self, "sides", list(self.sides))
-        if not self.sides or any(side not in INSTRUMENTATION_SIDES for side in self.sides):
-            raise ValueError(f"instrumentation.sides: expected a non-empty list of {', '.join(INSTRUMENTATION_SIDES)}"
-                             f", got {self.sides!r}")
 
 
 @dataclass(frozen=True)
