@@ -39,11 +39,6 @@ class _Capped:
         self.folded += 1
         return self.overflow_key
 
-    @property
-    def lock(self) -> threading.Lock:
-        """The lock guarding this family's series (shared by a sink's families): hold it to update a slot."""
-        return self._lock
-
     def _slot(self, series: dict[Any, Any], key: Any, make: Callable[[tuple[str, ...]], Any]) -> tuple[Any, bool]:
         with self._lock:
             found = series.get(key)
@@ -119,7 +114,7 @@ class HistFamily(_Capped):
             series.add(index, value, exemplar)
 
     def slot(self, key: Any) -> tuple[Hist, bool]:
-        """The series the records for ``key`` go to (made now if new), to update directly under :attr:`lock`,
+        """The series the records for ``key`` go to (made now if new), to update directly under the family's lock,
         and whether it is the overflow series (the family was full: each such record adds 1 to ``folded``)."""
         size = len(self.bounds) + 1
         return self._slot(self.series, key, lambda labels: Hist(labels, size))
