@@ -1,0 +1,134 @@
+"""Where the shim's time goes inside a server-side ``tools/call``: each part of its work skipped in turn.
+
+One process, one client and server (``Client(server)``, the tool of shim_overhead.py returning 2 KB of text),
+SDK tracing on, the shim on the server side. Calls are interleaved one by one between the arms, so every arm
+sees the same machine at the same moments:
+
+    off        the shim installed but inactive (its middleware hands the call straight on): the baseline;
+    on         the shim, Prometheus only (no MeterProvider, /metrics served), or with OpenTelemetry metrics
+               (``--otel``);
+    -measure   measuring skipped: the first request's and result's measurement reused (sizing, estimating);
+    -spans     the span attributes and events not written (the SDK's set_attributes included);
+    -metrics   the sink fan-out skipped (every metric point);
+    -costs     the repeat and duplicate detection skipped (wasted tokens);
+    adapter    the recorder skipped entirely: what is left is the adapter's own work.
+
+A part's "saves" is the median call time the arm without it saves against "on": that part's cost in the call,
+with the caches as cold as a real call leaves them, which is two to four times what the same code costs in a
+tight loop (`measure_cost.py`). The parts overlap a little (the metrics read what measuring produced), so the
+savings need not add up to "added" exactly. The arms reach into the recorder's parts: a diagnostic, not an API.
+
+    python benchmarks/cost_split.py [--calls 4000] [--modes auto,legacy] [--otel]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+from opentelemetry import metrics
+from shim_overhead import make_server, new_meter_provider, payload_of, setup_tracing
+
+ARMS = ("off", "on", "-measure", "-spans", "-metrics", "-costs", "adapter")
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _replaced(pairs: list[tuple[Any, str, Any]]) -> Iterator[None]:
+    """Set each (object, attribute, value) for the duration; the originals back afterwards."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in pairs]
+    for obj, name, value in pairs:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+
+
+def _reusing(measure: Callable[..., Any]) -> Callable[..., Any]:
+    """``measure`` computed once per (method, tool) and then reused: the arm without measuring."""
+    memo: dict[Any, Any] = {}
+
+    def reused(method: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        key = (method, kwargs.get("tool_name"))
+        if key not in memo:
+            memo[key] = measure(method, value, *args, **kwargs)
+        return memo[key]
+
+    return reused
+
+
+def arm_patches(shim: Any) -> dict[str, list[tuple[Any, str, Any]]]:
+    from mcp_token_otel.recorder import facade
+
+    rec = shim.recorder
+    return {
+        "-measure": [(facade, "measure_result", _reusing(facade.measure_result)),
+                     (facade, "measure_request", _reusing(facade.measure_request))],
+        "-spans": [(rec._spans, "request", _noop), (rec._spans, "response", _noop)],
+        "-metrics": [(rec._fanout, "message", _noop), (rec._fanout, "unbudgeted", _noop)],
+        "-costs": [(rec._costs, "call", _noop), (rec._costs, "output", _noop)],
+        "adapter": [(rec, "record_input", _noop), (rec, "record_output", _noop)],
+    }
+
+
+async def interleaved(mode: str, calls: int, shim: Any) -> dict[str, list[float]]:
+    from mcp import Client
+
+    patches = arm_patches(shim)
+    times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    async with Client(make_server(payload_of(2048)), mode=mode) as client:
+        for _ in range(200):  # warm-up: the implicit tools/list, caches, the series
+            await client.call_tool("fetch", {})
+        for _ in range(calls):
+            for arm in ARMS:
+                shim.active = arm != "off"
+                with _replaced(patches.get(arm, [])):
+                    started = time.perf_counter()
+                    await client.call_tool("fetch", {})
+                    times[arm].append(time.perf_counter() - started)
+    shim.active = True
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=4000, help="calls per arm and mode")
+    parser.add_argument("--modes", default="auto,legacy")
+    parser.add_argument("--otel", action="store_true", help="OpenTelemetry metrics on (a MeterProvider set)")
+    args = parser.parse_args()
+
+    from mcp_token_otel.config import config_from_dict
+    from mcp_token_otel.instrumentation import McpTokenInstrumentor, instrument, uninstrument
+
+    setup_tracing()
+    if args.otel:
+        metrics.set_meter_provider(new_meter_provider())
+    config = {"instrumentation": {"sides": ["server"]}, "prometheus": {"enabled": not args.otel, "port": 0}}
+    instrument(config_from_dict(config))
+    shim = McpTokenInstrumentor()._shim
+    print(f"server side, 2 KB, {'OpenTelemetry metrics on' if args.otel else 'Prometheus only'}, "
+          f"{args.calls} calls per arm, interleaved one by one")
+    try:
+        for mode in args.modes.split(","):
+            times = anyio.run(interleaved, mode, args.calls, shim)
+            median = {arm: statistics.median(t) * 1e6 for arm, t in times.items()}
+            print(f"\n{mode}: off {median['off']:,.0f} µs, on {median['on']:,.0f} µs "
+                  f"(added {median['on'] - median['off']:+,.0f} µs)")
+            for arm in ARMS[2:]:
+                print(f"  {arm:9} {median[arm]:7,.0f} µs  saves {median['on'] - median[arm]:+5,.0f} µs")
+    finally:
+        uninstrument()
+
+
+if __name__ == "__main__":
+    main()
