@@ -35,7 +35,7 @@ from mcp_token_otel.recorder import TokenRecorder
 from ..support import ROOT, npm_peer
 from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
 from .servers.guard_server import line, make_server
-from .test_http import _everything_session, _serve, everything_http, http_proxy
+from .test_http import _everything_session, _serve, everything_http, http_proxy, read_body
 from .test_inject import RECORDER
 
 __all__ = ["everything_http"]  # the module-scoped fixture (server-everything over streamable HTTP)
@@ -544,12 +544,7 @@ def test_chunked_json_answer_guarded_whole(monkeypatch: pytest.MonkeyPatch) -> N
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         answer = json.dumps({"jsonrpc": "2.0", "id": json.loads(body)["id"],
                              "result": {"content": [{"type": "text", "text": "streamed " * 50}]}}).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})

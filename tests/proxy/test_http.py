@@ -140,6 +140,16 @@ def _own_server() -> MCPServer:
     return server
 
 
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body, however many messages it came in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 @contextlib.contextmanager
 def _serve(app: Any) -> Iterator[int]:
     port = free_port()
@@ -186,12 +196,7 @@ def test_headers_auth_and_status_pass_through() -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         seen.append({"method": scope["method"], "path": scope["path"], "query": scope["query_string"].decode(),
                      "headers": headers, "body": body})

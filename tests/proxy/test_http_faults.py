@@ -20,7 +20,7 @@ import httpx2 as httpx
 import pytest
 
 from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
-from .test_http import _open, _serve, http_proxy
+from .test_http import _open, _serve, http_proxy, read_body
 from .test_http_relay import _echo_app, _exchange, _with_relay
 
 CALL = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "t", "arguments": {}}}'
@@ -154,12 +154,7 @@ async def _judging_app(scope: Any, receive: Any, send: Any) -> None:
     and answers a call over SSE after a priming event (an id, empty data), as 2025-11-25 servers do."""
     if scope["type"] != "http":
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     headers = dict(scope["headers"])
     status = 413 if len(body) > 1_000_000 else 400 if body.startswith(b"[") \
         else 415 if headers.get(b"content-type") != b"application/json" else 200

@@ -21,7 +21,7 @@ import pytest
 from mcp_token_otel.proxy.inject import Injector, LineInjector
 
 from .conftest import TEST_SERVER, Receiver, proxy_argv, proxy_env, wait_for
-from .test_http import _serve, http_proxy
+from .test_http import _serve, http_proxy, read_body
 
 CLIENT_TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 MESSAGES = [
@@ -139,12 +139,7 @@ def test_http_injection_on_and_off(receiver: Receiver) -> None:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         bodies.append(body)
         rid = json.loads(body).get("id") if body.startswith(b"{") else None
         out = json.dumps({"jsonrpc": "2.0", "id": rid, "result": {}}).encode()
