@@ -24,7 +24,7 @@ median, mean and p99 latency and what each adds to the sdk arm's; an arm's mean 
 uninstrument() spends at the end of each block.
 
 ``--stdio``: a fresh mcp 2.x server subprocess per block over stdio (modes auto and legacy), with and without
-the shim (and opentel-mcp); the figure is the server's CPU time per call (its own process_time, read by a tool
+the shim (and the floor with ``--floor``, opentel-mcp with ``--peers``); the figure is the server's CPU time per call (its own process_time, read by a tool
 after its background exports of the block; a MeterProvider set in every server, so each arm's metrics are
 recorded). ``--http``: the same over streamable HTTP (one server per arm).
 
@@ -336,9 +336,12 @@ def serve(arm: str, size: int, port: int | None) -> None:
     from opentelemetry import metrics
 
     setup_tracing()
-    metrics.set_meter_provider(new_meter_provider())  # every arm's metrics recorded (what the process has is theirs)
+    meter_provider = new_meter_provider()
+    metrics.set_meter_provider(meter_provider)  # every arm's metrics recorded (what the process has is theirs)
     server = make_server(payload_of(size))
-    if arm == "shim":
+    if arm == "floor":
+        floor_hook(meter_provider)(server)
+    elif arm == "shim":
         from mcp_token_otel.config import config_from_dict
         from mcp_token_otel.instrumentation import instrument, instrument_server
 
@@ -531,7 +534,8 @@ def in_process_cells(args: argparse.Namespace, meter_provider: MeterProvider) ->
 
 
 def cpu_cells(args: argparse.Namespace) -> None:
-    arms = ["sdk", "shim"] + (["opentel-mcp"] if args.peers and importlib.util.find_spec("opentel_mcp") else [])
+    arms = ["sdk", "shim"] + (["floor"] if args.floor else []) \
+        + (["opentel-mcp"] if args.peers and importlib.util.find_spec("opentel_mcp") else [])
     rows = []
     for mode in ("auto", "legacy") if args.stdio else ():
         cpu = run_stdio(arms, mode, SIZES["2 KB"], args.seconds, args.rounds)
