@@ -119,7 +119,9 @@ class Family:
 
 _MESSAGE = ("side", "server", "method", "tool", "direction")
 _TIER = ("side", "server", "method", "tool", "risk_tier")
-_CALL = ("side", "server", "method", "tool", "error_type")
+#: A request's series: its duration and, on output, its overhead.
+_OPERATION = ("side", "server", "method", "tool")
+_CALL = (*_OPERATION, "error_type")
 _SESSION = ("side", "server")
 _CONVENTION_CALL = ("server", "method", "tool", "error_type", "transport", "protocol")
 _CONVENTION_SESSION = ("server", "transport", "protocol")
@@ -138,13 +140,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_call_errors", "counter", "calls",
            "Calls that ended in a JSON-RPC error (error_type: its code) or an isError result (tool_error).",
            _CALL, otel_name="mcp_token.call.errors", otel_unit="{call}"),
+    # No error_type: it would add a 17-line series per tool that ever erred (call_errors_total has them in one
+    # line each); the conventions' instruments keep error.type, which they require.
     Family("mcp_token_operation_duration_seconds", "histogram", "seconds",
-           "Duration of an MCP request, from the request to its response (the MCP conventions' buckets).",
-           _CALL, DURATION_BUCKETS),
+           "Duration of an MCP request, from the request to its response (the MCP conventions' buckets); errors "
+           "included (mcp_token_call_errors_total counts them per error_type).",
+           _OPERATION, DURATION_BUCKETS),
     Family("mcp_token_overhead_tokens", "counter", "tokens",
            "Estimated tokens of output messages that are overhead (framing, _meta, duplicated content); over "
            "mcp_token_tokens_total{direction=\"output\"}: the share of output tokens that is overhead.",
-           ("side", "server", "method", "tool"), otel_name="mcp_token.overhead.tokens", otel_unit="{token}"),
+           _OPERATION, otel_name="mcp_token.overhead.tokens", otel_unit="{token}"),
     Family("mcp_token_session_utilization_ratio", "histogram", "ratio",
            "Share of the context window a session had used when it ended.",
            _SESSION, UTILIZATION_BUCKETS, "mcp_token.session.utilization", "1"),

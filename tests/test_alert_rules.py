@@ -34,7 +34,7 @@ RUNBOOK_URL = "docs/runbook.md"
 #: The metric families the service exposes, with their labels (every series also gets job/instance).
 HISTOGRAMS: dict[str, set[str]] = {
     "mcp_token_message_tokens": {"side", "server", "method", "tool", "direction"},
-    "mcp_token_operation_duration_seconds": {"side", "server", "method", "tool", "error_type"},
+    "mcp_token_operation_duration_seconds": {"side", "server", "method", "tool"},
     "mcp_token_session_utilization_ratio": {"side", "server"},
     "mcp_token_session_duration_seconds": {"side", "server"},
 }

@@ -49,7 +49,8 @@ def test_prometheus_folds_new_label_sets_past_the_cap_and_counts_them() -> None:
     assert value("mcp_token_call_errors_total", **other) == FOLDED
     durations = {labels: count for labels, _b, _s, count, _c, _e
                  in sink.hists["mcp_token_operation_duration_seconds"].snapshot()}
-    assert durations[tuple(first.values())] == 2 and durations[tuple(other.values())] == FOLDED
+    timed = tuple(value for label, value in first.items() if label != "error_type")  # durations have no error_type
+    assert durations[timed] == 2 and durations[(OVERFLOW_VALUE,) * len(timed)] == FOLDED
     assert value("mcp_token_series_overflow_total", family="mcp_token_call_errors") == FOLDED
     assert value("mcp_token_series_overflow_total", family="mcp_token_operation_duration_seconds") == FOLDED
     assert value("mcp_token_series_overflow_total", family="mcp_token_message_tokens") == 0

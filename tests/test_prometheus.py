@@ -344,10 +344,11 @@ def test_multiprocess_mode_merges_workers(tmp_path: Path) -> None:
     # The RED families and the server dimension in multiprocess mode too.
     assert value(found, "mcp_token_message_tokens_count", tool="t", server="mp") == 9
     assert value(found, "mcp_token_call_errors_total", tool="t", server="mp", error_type="tool_error") == 2
-    assert value(found, "mcp_token_operation_duration_seconds_count", tool="t", error_type="") == 7
-    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", error_type="", le="0.02") == 7
-    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", error_type="tool_error",
-                 le="2.0") == 0
+    # Errors and successes in one duration series (no error_type): call_errors_total has the errors.
+    assert value(found, "mcp_token_operation_duration_seconds_count", tool="t") == 9
+    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", le="0.02") == 7
+    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", le="2.0") == 7  # errors took 2.5 s
+    assert value(found, "mcp_token_operation_duration_seconds_bucket", tool="t", le="5.0") == 9
     assert value(found, "mcp_token_responses_total", tool="t") == 9
     assert value(found, "mcp_token_bytes_total", tool="t", direction="output") > 0
     assert value(found, "mcp_token_tool_definitions_tokens", server="mp") > 0
@@ -416,7 +417,7 @@ def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
 
     fast, reference = sink.exposition(), generate_latest(sink.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
-    assert b'mcp_token_operation_duration_seconds_bucket{error_type="-32603",le="2.0",' in fast
+    assert b'mcp_token_operation_duration_seconds_bucket{le="2.0",method="tools/call",' in fast
     assert fast == reference  # byte for byte: labels sorted, numbers formatted as generate_latest does
 
     # Again after more traffic (the cached label text and line prefixes are reused), with values past 1e6

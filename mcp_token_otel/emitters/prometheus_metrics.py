@@ -352,9 +352,9 @@ class PrometheusMetrics:
         if self._files is not None:
             self._files.record_call(side, method, tool, server, call)
             return
-        key = (side, server, method, tool, call.error_type or "")
+        key = (side, server, method, tool)
         if call.error_type is not None:
-            self.counts["mcp_token_call_errors"].add(key)
+            self.counts["mcp_token_call_errors"].add((*key, call.error_type))
         if call.duration is not None:
             self.hists["mcp_token_operation_duration_seconds"].observe(key, call.duration)
 

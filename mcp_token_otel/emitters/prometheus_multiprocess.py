@@ -136,9 +136,9 @@ class SharedFileFamilies:
                     live.labels(session_side, label_value(server_label), state).set(counts.get(state, 0))
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
-        labels = label_values((side, server, method, tool, call.error_type))
+        labels = label_values((side, server, method, tool))
         if call.error_type is not None:
-            self.m["mcp_token_call_errors"].labels(*labels).inc()
+            self.m["mcp_token_call_errors"].labels(*labels, label_value(call.error_type)).inc()
         if call.duration is not None:
             self.m["mcp_token_operation_duration_seconds"].labels(*labels).observe(call.duration)
 

@@ -108,7 +108,7 @@ def test_own_server_through_proxy(receiver: Receiver) -> None:
     assert sample(text, "mcp_token_call_errors_total", side="proxy", server="stdio-test", tool="boom",
                   error_type="tool_error") == 1
     assert sample(text, "mcp_token_call_errors_total", side="proxy", tool="big") == 0
-    big_calls = {"side": "proxy", "server": "stdio-test", "tool": "big", "error_type": ""}
+    big_calls = {"side": "proxy", "server": "stdio-test", "tool": "big"}
     assert sample(text, "mcp_token_operation_duration_seconds_count", **big_calls) == 1
     assert sample(text, "mcp_token_operation_duration_seconds_bucket", **big_calls, le="+Inf") == 1
     assert sample(text, "mcp_token_bytes_total", side="proxy", tool="big", direction="output") >= 10_000
