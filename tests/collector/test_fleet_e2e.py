@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ..test_alerting_e2e import EXPECTED, query, wait_for
 from ..test_dashboards import Live, _expand, _has_data, _run_target, all_targets, dashboards, metric_names
@@ -98,6 +99,42 @@ def test_the_collector_produces_the_metrics_names_and_labels(fleet: Fleet) -> No
                   if name in observed and seen["labels"] != observed[name]["labels"]}
         assert not differ, f"labels on /metrics and through the Collector: {differ}"
     assert mapping.recorded()["families"] == observed, "run with RECORD_COLLECTOR_MAPPING=1, then regenerate"
+
+
+def _duration_counts(exposition: str) -> tuple[dict[tuple[str, ...], float], dict[tuple[str, ...], float], int]:
+    """Calls per (job, side, server, method, tool): the copy mcp_token_operation_duration_seconds, and the
+    conventions' instruments summed over what the copy leaves out (error type, transport, protocol); and how many
+    of the conventions' series carry an error_type."""
+    copy: dict[tuple[str, ...], float] = {}
+    summed: dict[tuple[str, ...], float] = {}
+    errors = 0
+    for family in text_string_to_metric_families(exposition):
+        for s in family.samples:
+            labels = s.labels
+            if s.name == "mcp_token_operation_duration_seconds_count":
+                key = (labels["job"], labels["side"], labels["server"], labels["method"], labels.get("tool", ""))
+                copy[key] = copy.get(key, 0) + s.value
+            elif match := re.fullmatch(r"mcp_(client|server)_operation_duration_seconds_count", s.name):
+                key = (labels["job"], match.group(1), labels["server"], labels["mcp_method_name"],
+                       labels.get("gen_ai_tool_name", ""))
+                summed[key] = summed.get(key, 0) + s.value
+                errors += "error_type" in labels
+    return copy, summed, errors
+
+
+def test_the_operation_duration_copy_sums_the_failed_and_successful_calls(fleet: Fleet) -> None:
+    """The copy drops error_type (as /metrics does) by summing a tool's points, failed and successful: each label set
+    counts every call, not one of the points that share it."""
+
+    def agree() -> tuple[dict[tuple[str, ...], float], int] | None:
+        with urllib.request.urlopen(fleet.exporter, timeout=10) as response:
+            copy, summed, errors = _duration_counts(response.read().decode())
+        return (copy, errors) if copy and copy == summed and errors else None
+
+    # The two come from one export each time; a scrape between the exporter's updates of them is retried.
+    copy, errors = wait_for("the copy's counts to equal the conventions' sums over error_type", agree, 60,
+                            fleet.procs)
+    assert errors > 0 and all(value > 0 for value in copy.values())
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
