@@ -119,15 +119,18 @@ def _p99(times: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
 
 
-def families(body: bytes) -> list[tuple[str, int]]:
-    """Bytes per family of an exposition, largest first."""
-    sizes: dict[str, int] = {}
+def families(body: bytes) -> list[tuple[str, int, int]]:
+    """Bytes and series per family of an exposition, largest first (a histogram's series: its ``_count`` lines)."""
+    sizes: dict[str, list[int]] = {}
     family = ""
     for line in body.splitlines(keepends=True):
         if line.startswith(b"# HELP "):
             family = line.split()[2].decode()
-        sizes[family] = sizes.get(family, 0) + len(line)
-    return sorted(sizes.items(), key=lambda item: -item[1])
+        size = sizes.setdefault(family, [0, 0])
+        size[0] += len(line)
+        name = line.split(b"{", 1)[0].split(b" ", 1)[0]
+        size[1] += not line.startswith(b"#") and not name.endswith((b"_bucket", b"_sum", b"_created"))
+    return sorted(((name, size, series) for name, (size, series) in sizes.items()), key=lambda item: -item[1])
 
 
 def main() -> None:
@@ -161,7 +164,8 @@ def main() -> None:
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,} "
           f"gzip={len(gzip.compress(body, compresslevel=1)):,} (as the /metrics server sends it)")
-    print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB" for name, size in families(body)[:6]))
+    print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB ({series:,} series, {size // series:,} B each)"
+                                           for name, size, series in families(body)[:6]))
     print(f"exposition() gives generate_latest's bytes: {fast == body}")
     for label, times in timings.items():
         print(f"{label} ms: {summary(times)}")
