@@ -24,9 +24,9 @@ median, mean and p99 latency and what each adds to the sdk arm's; an arm's mean 
 uninstrument() spends at the end of each block.
 
 ``--stdio``: a fresh mcp 2.x server subprocess per block over stdio (modes auto and legacy), with and without
-the shim (and the floor with ``--floor``, opentel-mcp with ``--peers``); the figure is the server's CPU time per call (its own process_time, read by a tool
-after its background exports of the block; a MeterProvider set in every server, so each arm's metrics are
-recorded). ``--http``: the same over streamable HTTP (one server per arm).
+the shim (and the floor with ``--floor``, opentel-mcp with ``--peers``); the figure is the server's CPU time
+per call (its own process_time, read by a tool after its background exports of the block; a MeterProvider set
+in every server, so each arm's metrics are recorded). ``--http``: the same over streamable HTTP (one server per arm).
 
     python benchmarks/shim_overhead.py [--seconds 1] [--rounds 10] [--peers] [--both] [--stdio] [--markdown]
     .venv-peers/bin/python benchmarks/shim_overhead.py --peers --both --stdio --markdown   # the docs' tables
