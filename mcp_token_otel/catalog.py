@@ -222,11 +222,14 @@ FAMILIES: tuple[Family, ...] = (
            multiprocess_mode="livesum"),
     # OpenTelemetry alone: the MCP conventions' durations (one instrument per side, their attributes) and the
     # deferred OpenTelemetry sink's drops.
-    Family("", "histogram", "seconds", "Duration of an MCP request as the client saw it (client and proxy sides).",
-           _CONVENTION_CALL, DURATION_BUCKETS, MCP_CLIENT_OPERATION_DURATION, "s"),
+    Family("", "histogram", "seconds",
+           "Duration of an MCP request as the client saw it (client and proxy sides; the proxy's points carry "
+           "mcp_token.side=proxy).", _CONVENTION_CALL, DURATION_BUCKETS, MCP_CLIENT_OPERATION_DURATION, "s"),
     Family("", "histogram", "seconds", "Duration of an MCP request as the server saw it.",
            _CONVENTION_CALL, DURATION_BUCKETS, MCP_SERVER_OPERATION_DURATION, "s"),
-    Family("", "histogram", "seconds", "Duration of an MCP session as the client saw it, observed when it ended.",
+    Family("", "histogram", "seconds",
+           "Duration of an MCP session as the client saw it, observed when it ended (the proxy's points carry "
+           "mcp_token.side=proxy).",
            _CONVENTION_SESSION, DURATION_BUCKETS, MCP_CLIENT_SESSION_DURATION, "s"),
     Family("", "histogram", "seconds", "Duration of an MCP session as the server saw it, observed when it ended.",
            _CONVENTION_SESSION, DURATION_BUCKETS, MCP_SERVER_SESSION_DURATION, "s"),

@@ -135,6 +135,22 @@ def test_opentelemetry_instruments_are_exactly_the_catalog_ones() -> None:
     assert found == {f.otel_name for f in otel_families("recorder")}
 
 
+
+def test_the_proxy_side_rides_on_the_conventions_client_durations() -> None:
+    """The conventions' instruments name only client and server: the proxy's requests, recorded in the client
+    ones, carry mcp_token.side="proxy" (a Collector sets `side` from it); a client's points do not."""
+    reader = InMemoryMetricReader()
+    sink = OtelMetricsSink(MeterProvider(metric_readers=[reader]), server="srv")
+    for side in ("proxy", "client"):
+        sink.record_call(side, "tools/call", "t", "srv", CallInfo(None, 0.02, "pipe", "2025-11-25"))
+        sink.record_session_end(side, 0.1, "srv", CallInfo(None, 5.0, "pipe", "2025-11-25"))
+    data = reader.get_metrics_data()
+    assert data is not None
+    sides = {m.name: sorted(str(p.attributes.get("mcp_token.side")) for p in m.data.data_points)
+             for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert sides["mcp.client.operation.duration"] == ["None", "proxy"]
+    assert sides["mcp.client.session.duration"] == ["None", "proxy"]
+
 PROXY_OTEL = textwrap.dedent(
     """
     import json

@@ -18,6 +18,7 @@ from ..core.measure import Measurement
 from ..core.risk import BREACH_TIERS
 from ..semconv import (
     M_FAMILY,
+    M_SIDE,
     MCP_CLIENT_OPERATION_DURATION,
     MCP_CLIENT_SESSION_DURATION,
     MCP_SERVER_OPERATION_DURATION,
@@ -41,6 +42,10 @@ _OVERFLOW = (("otel.metric.overflow", True),)
 _DROPPED = "mcp_token.instrumentation.dropped"
 _CACHE_BOUND = 4096
 Pairs = tuple[tuple[str, Any], ...]
+#: The sides the conventions' instruments name themselves (mcp.client.*, mcp.server.*). Any other side (the proxy,
+#: whose requests go in the client instrument) is added as this project's side attribute, so that a Collector can
+#: tell its points from a client's.
+_CONVENTION_SIDES = frozenset({"client", "server"})
 
 
 def pairs(family: Family, values: Iterable[Any]) -> Pairs:
@@ -318,6 +323,8 @@ class OtelMetricsSink:
         if call.duration is not None:
             instrument = MCP_SERVER_SESSION_DURATION if side == "server" else MCP_CLIENT_SESSION_DURATION
             attrs = dict(self._key(instrument, (server, call.transport, call.protocol)))
+            if side not in _CONVENTION_SIDES:
+                attrs[M_SIDE] = side
             self._session["server" if side == "server" else "client"].record(call.duration, attrs, _NO_SPAN)
 
     def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
@@ -334,6 +341,8 @@ class OtelMetricsSink:
             # The conventions' attributes (never a session or request id) and the server name.
             values = (server, method, tool, call.error_type, call.transport, call.protocol)
             attrs = self._call_attrs[key] = dict(pairs(BY_OTEL_NAME[MCP_SERVER_OPERATION_DURATION], values))
+            if side not in _CONVENTION_SIDES:
+                attrs[M_SIDE] = side
         self._operation["server" if side == "server" else "client"].record(call.duration, attrs, _NO_SPAN)
 
     def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
