@@ -6,7 +6,8 @@ server, one through the proxy, ...), so machine noise hits both alike. Over stdi
 proxy's own cost, without an SDK's); over HTTP a bare ASGI app on uvicorn. The proxy runs as a user runs it
 (``mcp-token-otel proxy``, default config, measurement on, /metrics served). Added latency = proxy percentile -
 direct percentile. CPU (stdio): user + system time of the proxy and its measuring process per request, from
-/proc, over the interleaved requests. Throughput: sequential requests per second, the arms alternating in
+/proc, over the interleaved requests, in total and split (relay: the proxy process; measuring: its measuring
+process). Throughput: sequential requests per second, the arms alternating in
 100 ms slices.
 
 ``--guard`` adds a third arm: the proxy with every guard policy on in observe mode (GUARD_ENV), where the
@@ -122,7 +123,8 @@ def _request(rid: int) -> bytes:
 class StdioArm:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None, tree: Path = ROOT,
                  handshake: bool = False) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env, tree))
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_env(env, tree),
+                                     cwd=tree)  # ``python -m`` looks in the working directory first
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.rid = 0
@@ -133,11 +135,15 @@ class StdioArm:
             self.stdin.write(HANDSHAKE[1])
             self.stdin.flush()
 
-    def cpu_seconds(self, server: list[str]) -> float:
-        """CPU (user + system) of the proxy and its measuring process: every process of this arm's tree but the
-        server (the direct arm: none)."""
+    def cpu_seconds(self, server: list[str]) -> dict[str, float]:
+        """CPU (user + system) of the proxy process and of its measuring process (every other process of this
+        arm's tree but the server); the direct arm: none."""
         command = " ".join(server)
-        return sum(_cpu(pid) for pid in _tree(self.proc.pid) if not _cmdline(pid).startswith(command))
+        split = {"relay": 0.0, "measuring": 0.0}
+        for pid in _tree(self.proc.pid):
+            if not _cmdline(pid).startswith(command):
+                split["relay" if pid == self.proc.pid else "measuring"] += _cpu(pid)
+        return split
 
     def call(self) -> int:
         self.rid += 1
@@ -267,15 +273,20 @@ def bench_stdio(size: int, iterations: int, warmup: int, guard: bool = False,
     try:
         _interleaved(arms, warmup, 0)  # every process started and warm before the CPU clock starts
         time.sleep(1.0)
-        cpu = {name: arm.cpu_seconds(server) for name, arm in arms.items()}
+        before = {name: arm.cpu_seconds(server) for name, arm in arms.items()}
         times = _interleaved(arms, iterations, 0)
         time.sleep(1.0)  # the measuring process's share of the last calls (and one metrics export) lands
-        cpu = {name: (arm.cpu_seconds(server) - cpu[name]) / iterations * 1e6 for name, arm in arms.items()}
+        cpu = {}
+        for name, arm in arms.items():
+            after = arm.cpu_seconds(server)
+            for part in ("relay", "measuring"):
+                cpu[f"{name}_{part}_cpu_us"] = (after[part] - before[name][part]) / iterations * 1e6
+            cpu[f"{name}_cpu_us"] = cpu[f"{name}_relay_cpu_us"] + cpu[f"{name}_measuring_cpu_us"]
         rps = _throughput(arms, THROUGHPUT_SECONDS)
     finally:
         for arm in arms.values():
             arm.close()
-    return {**_row("stdio", size, times, rps), **{f"{name}_cpu_us": cpu[name] for name in arms}}
+    return {**_row("stdio", size, times, rps), **cpu}
 
 
 def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
@@ -291,7 +302,7 @@ def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
         for name, env, tree in wanted:
             listen = free_port()
             proxies.append(subprocess.Popen(_proxy("--listen", f"127.0.0.1:{listen}", "--upstream",
-                                                   f"http://127.0.0.1:{port}/mcp"), env=_env(env, tree)))
+                                                   f"http://127.0.0.1:{port}/mcp"), env=_env(env, tree), cwd=tree))
             wait_listening(listen)
             arms[name] = HttpArm(f"http://127.0.0.1:{listen}/mcp")
         times = _interleaved(arms, iterations, warmup)
@@ -309,7 +320,8 @@ def bench_http(size: int, iterations: int, warmup: int, guard: bool = False,
 def _table(rows: list[dict[str, Any]], arms: list[str], markdown: bool) -> None:
     header = ["transport", "server", "result", "direct p50"]
     for arm in arms:
-        header += [f"{arm} p50", "added p50", "added p95", "added p99", f"{arm} CPU/call", f"{arm} req/s"]
+        header += [f"{arm} p50", "added p50", "added p95", "added p99", f"{arm} CPU/call", "(relay + measuring)",
+                   f"{arm} req/s"]
     header.append("direct req/s")
     lines = []
     for r in rows:
@@ -319,8 +331,9 @@ def _table(rows: list[dict[str, Any]], arms: list[str], markdown: bool) -> None:
             added = {q: r[f"{key}added_{q}_us"] for q in ("p50", "p95")}
             p99 = r["added_p99_us"] if arm == "proxy" else r[f"{arm}_p99_us"] - r["direct_p99_us"]
             cpu = r.get(f"{arm}_cpu_us")
+            split = "" if cpu is None else f"{r[f'{arm}_relay_cpu_us']:,.0f} + {r[f'{arm}_measuring_cpu_us']:,.0f}"
             line += [f"{r[f'{arm}_p50_us']:,.0f}", f"{added['p50']:+,.0f}", f"{added['p95']:+,.0f}", f"{p99:+,.0f}",
-                     "" if cpu is None else f"{cpu:,.0f}", f"{r[f'{arm}_rps']:,.0f}"]
+                     "" if cpu is None else f"{cpu:,.0f}", split, f"{r[f'{arm}_rps']:,.0f}"]
         lines.append([*line, f"{r['direct_rps']:,.0f}"])
     if markdown:
         print("| " + " | ".join(header) + " |\n|" + "|".join("---" for _ in header) + "|")
