@@ -263,10 +263,10 @@ def test_collector_exports_prometheus_with_exemplars_and_traces_to_tempo() -> No
     config = load(COLLECTOR)
     exporter = config["exporters"]["prometheus"]
     assert exporter["enable_open_metrics"] is True
-    assert exporter["resource_to_telemetry_conversion"]["enabled"] is True
+    assert exporter["resource_constant_labels"]["included"] == ["*"]
     assert "prometheus" in config["service"]["pipelines"]["metrics"]["exporters"]
     traces = config["service"]["pipelines"]["traces"]["exporters"]
-    [otlp] = [e for e in traces if e.split("/")[0] == "otlp"]
+    [otlp] = [e for e in traces if e.split("/")[0] == "otlp_grpc"]
     host, port = host_port(config["exporters"][otlp]["endpoint"])
     assert host == "tempo" and port == host_port(
         load(TEMPO)["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"])[1]
@@ -286,13 +286,13 @@ def test_collector_renames_every_metric_attribute_to_the_prometheus_label() -> N
         semconv.M_GUARD_ACTION: "action", semconv.M_GUARD_ENFORCED: "enforced",
     }
     for attribute, label in renames.items():
-        assert f'set(attributes["{label}"], attributes["{attribute}"])' in statements, attribute
-        assert f'delete_key(attributes, "{attribute}")' in statements, attribute
-    assert 'set(name, "mcp_token.session.utilization_ratio") where name == "mcp_token.session.utilization"' in (
-        statements)
+        assert f'set(datapoint.attributes["{label}"], datapoint.attributes["{attribute}"])' in statements, attribute
+        assert f'delete_key(datapoint.attributes, "{attribute}")' in statements, attribute
+    assert ('set(metric.name, "mcp_token.session.utilization_ratio") where metric.name == '
+            '"mcp_token.session.utilization"') in statements
     # The cost counter arrives as mcp_token_cost_usd_total (the rules' and dashboards' name), not ..._USD_total.
-    assert 'set(name, "mcp_token.cost_usd") where name == "mcp_token.cost"' in statements
-    assert 'set(unit, "") where name == "mcp_token.cost_usd"' in statements
+    assert 'set(metric.name, "mcp_token.cost_usd") where metric.name == "mcp_token.cost"' in statements
+    assert 'set(metric.unit, "") where metric.name == "mcp_token.cost_usd"' in statements
 
 
 # ---------------------------------------------------------------------------------------------------------

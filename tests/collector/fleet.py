@@ -65,7 +65,7 @@ def collector_config(ports: dict[str, int], traces_port: int) -> dict[str, Any]:
     protocols["grpc"]["endpoint"] = f"127.0.0.1:{ports['otlp_grpc']}"
     protocols["http"]["endpoint"] = f"127.0.0.1:{ports['otlp_http']}"
     config["exporters"]["prometheus"]["endpoint"] = f"127.0.0.1:{ports['exporter']}"
-    config["exporters"]["otlp/tempo"]["endpoint"] = f"127.0.0.1:{traces_port}"
+    config["exporters"]["otlp_grpc/tempo"]["endpoint"] = f"127.0.0.1:{traces_port}"
     config["extensions"]["health_check"]["endpoint"] = f"127.0.0.1:{ports['health']}"
     batch = config["processors"]["batch"]
     batch["timeout"] = scaled(batch["timeout"])

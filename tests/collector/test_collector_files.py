@@ -20,6 +20,8 @@ DEPLOY_DOC = ROOT / "docs/deploy.md"
 #: In the build for troubleshooting (swap it into a pipeline to print what arrives); the shipped config has none.
 EXTRA_COMPONENTS = {("exporters", "debug")}
 _KINDS = {"receivers": "receiver", "processors": "processor", "exporters": "exporter", "extensions": "extension"}
+#: Component type names the config uses that are not their module's name: the OTLP exporter's gRPC spelling.
+_TYPE_MODULES = {"otlp_grpc": "otlp"}
 
 
 def statements() -> list[str]:
@@ -53,8 +55,9 @@ def test_the_config_renames_every_attribute_of_a_metrics_family() -> None:
             continue
         for label, attribute in zip(family.labels, family.attributes(), strict=True):
             if label != attribute:
-                assert f'set(attributes["{label}"], attributes["{attribute}"])' in text, (family.name, attribute)
-                assert f'delete_key(attributes, "{attribute}")' in text, (family.name, attribute)
+                assert f'set(datapoint.attributes["{label}"], datapoint.attributes["{attribute}"])' in text, \
+                    (family.name, attribute)
+                assert f'delete_key(datapoint.attributes, "{attribute}")' in text, (family.name, attribute)
     assert set(LABEL_ATTRIBUTES) >= {"side", "server", "tool"}
 
 
@@ -75,7 +78,8 @@ def _manifest_modules(manifest: dict[str, Any]) -> dict[str, str]:
 
 def test_the_build_manifest_has_the_configs_components_at_one_release() -> None:
     config, manifest = yaml.safe_load(CONFIG.read_text()), yaml.safe_load(MANIFEST.read_text())
-    named = {(kind, key.split("/")[0]) for kind in _KINDS for key in config.get(kind, {})}
+    named = {(kind, _TYPE_MODULES.get(name, name))
+             for kind in _KINDS for name in (key.split("/")[0] for key in config.get(kind, {}))}
     built = {(kind, m["gomod"].split()[0].rsplit("/", 1)[1].removesuffix(suffix))
              for kind, suffix in _KINDS.items() for m in manifest.get(kind, [])}
     assert built == {(kind, name.replace("_", "")) for kind, name in named} | EXTRA_COMPONENTS
