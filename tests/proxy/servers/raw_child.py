@@ -6,6 +6,9 @@ echo:      copies stdin to stdout byte for byte.
 partial:   writes half a message, then exits with status 5 (a crash mid-stream).
 sleeper:   prints its pid, then sleeps without reading stdin (a server that ignores EOF).
 exit:      reads stdin to EOF, then exits with status argv[2].
+flood:     writes argv[2] bytes of lines to stdout (from a thread) while it appends each stdin line to the file
+           argv[3]: its input must flow while its output is stuck.
+deaf:      never reads stdin; writes a line every 20 ms: its output must flow while its input is stuck.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 
@@ -53,6 +57,28 @@ def main() -> int:
         out.write(f"{os.getpid()}\n".encode())
         out.flush()
         time.sleep(120)
+        return 0
+    if mode == "flood":
+        size = int(sys.argv[2])
+
+        def flood() -> None:
+            line = b"x" * 1023 + b"\n"
+            for _ in range(size // len(line)):
+                out.write(line)
+            out.flush()
+
+        writer = threading.Thread(target=flood)
+        writer.start()
+        with open(sys.argv[3], "ab", buffering=0) as log:
+            for line in sys.stdin.buffer:
+                log.write(line)
+        writer.join()
+        return 0
+    if mode == "deaf":
+        for n in range(3000):
+            out.write(b'{"tick":%d}\n' % n)
+            out.flush()
+            time.sleep(0.02)
         return 0
     if mode == "exit":
         sys.stdin.buffer.read()
