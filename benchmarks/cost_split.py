@@ -11,7 +11,9 @@ sees the same machine at the same moments:
     -spans     the span attributes and events not written (the SDK's set_attributes included);
     -metrics   the sink fan-out skipped (every metric point);
     -costs     the repeat and duplicate detection skipped (wasted tokens);
-    adapter    the recorder skipped entirely: what is left is the adapter's own work.
+    adapter    the recorder skipped entirely: what is left is the adapter's own work;
+    sdk-span   the shim off, and a bare middleware setting the attributes the shim sets on the call's span (the
+               values of floor_hook in shim_overhead.py): the SDK's price of those attributes alone, against "off".
 
 A part's "saves" is the median call time the arm without it saves against "on": that part's cost in the call,
 with the caches as cold as a real call leaves them, which is two to four times what the same code costs in a
@@ -31,10 +33,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
-from opentelemetry import metrics
+from opentelemetry import metrics, trace
 from shim_overhead import make_server, new_meter_provider, payload_of, setup_tracing
 
-ARMS = ("off", "on", "-measure", "-spans", "-metrics", "-costs", "adapter")
+ARMS = ("off", "on", "-measure", "-spans", "-metrics", "-costs", "adapter", "sdk-span")
+#: What the shim sets on a server-side 2 KB tools/call span (floor_hook's values), for the sdk-span arm.
+SPAN_ATTRIBUTES: dict[str, Any] = {
+    "mcp_token.input_tokens": 2, "mcp_token.output_tokens": 767, "mcp_token.overhead_tokens": 403,
+    "mcp_token.overhead_ratio": 0.525, "mcp_token.risk_tier": "low", "mcp_token.estimator": "default",
+    "mcp_token.session.tokens": 1726, "mcp_token.session.utilization": 0.0086, "mcp_token.session.state": "ok",
+    "mcp.session.id": "a941566019144f9f88a8fc577916b777",
+}
 
 
 def _noop(*_args: Any, **_kwargs: Any) -> None:
@@ -86,12 +95,23 @@ async def interleaved(mode: str, calls: int, shim: Any) -> dict[str, list[float]
 
     patches = arm_patches(shim)
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    async with Client(make_server(payload_of(2048)), mode=mode) as client:
+    span_only = False
+
+    async def set_span_attributes(ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if span_only and ctx.request_id is not None:
+            trace.get_current_span().set_attributes(SPAN_ATTRIBUTES)
+        return result
+
+    server = make_server(payload_of(2048))
+    server._lowlevel_server.middleware.append(set_span_attributes)
+    async with Client(server, mode=mode) as client:
         for _ in range(200):  # warm-up: the implicit tools/list, caches, the series
             await client.call_tool("fetch", {})
         for _ in range(calls):
             for arm in ARMS:
-                shim.active = arm != "off"
+                shim.active = arm not in ("off", "sdk-span")
+                span_only = arm == "sdk-span"
                 with _replaced(patches.get(arm, [])):
                     started = time.perf_counter()
                     await client.call_tool("fetch", {})
@@ -124,8 +144,10 @@ def main() -> None:
             median = {arm: statistics.median(t) * 1e6 for arm, t in times.items()}
             print(f"\n{mode}: off {median['off']:,.0f} µs, on {median['on']:,.0f} µs "
                   f"(added {median['on'] - median['off']:+,.0f} µs)")
-            for arm in ARMS[2:]:
+            for arm in ARMS[2:-1]:
                 print(f"  {arm:9} {median[arm]:7,.0f} µs  saves {median['on'] - median[arm]:+5,.0f} µs")
+            print(f"  sdk-span  {median['sdk-span']:7,.0f} µs  adds  {median['sdk-span'] - median['off']:+5,.0f} µs "
+                  "to off (the SDK's price of the span attributes alone)")
     finally:
         uninstrument()
 
