@@ -71,7 +71,8 @@ class Channel:
 
     @property
     def passing(self) -> bool:
-        """Inside a line too long to hold, forwarded in pieces (a writer shared by two relays keeps it)."""
+        """Inside a line too long to hold, forwarded in pieces (the stdio relay holds its own answers to the
+        client until the line ends)."""
         return isinstance(self._guard, LineGuard) and self._guard.passing
 
     @property
