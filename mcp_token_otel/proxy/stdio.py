@@ -1,16 +1,16 @@
 """The stdio proxy: the server runs as a child process; bytes are copied both ways as they arrive.
 
-One thread relays both directions. It waits (``selectors``) on the client's stdin and the child's stdout,
+One thread relays both directions. It waits (``poll``) on the client's stdin and the child's stdout,
 copies raw chunks (``os.read``, 64 KiB, no line limit) and writes each on at once, non-blocking. What a
 destination does not take yet stays pending and goes out as it drains; while it is pending that direction's
 source is not read, so a slow consumer slows its own producer (backpressure through the pipes), never the
 other direction, and nothing buffers beyond what one read brought. Each chunk is handed to the measuring side
-just before it is written on: the same thread gathers the records for a few milliseconds and writes them to
-the measuring process's pipe in one non-blocking write, with a bounded backlog (what does not fit is dropped
-and counted), so measuring never blocks the relay. Parsing, pairing and estimating happen in the measuring
-process. No thread hand-off per message: a message costs the relay one wake-up, one read and one write. The
-child's stderr is inherited. This module imports little: the server is started before the measuring code is
-loaded, so that its start-up never waits on the proxy's.
+just before it is written on: the same thread gathers the records (up to ``LINGER``, see measure_process.py)
+and writes them to the measuring process's pipe in one non-blocking write, with a bounded backlog (what does
+not fit is dropped and counted), so measuring never blocks the relay. Parsing, pairing and estimating happen
+in the measuring process. No thread hand-off per message: a message costs the relay one wake-up, one read
+and one write. The child's stderr is inherited. This module imports little: the server is started before the
+measuring code is loaded, so that its start-up never waits on the proxy's.
 
 Shutdown follows the MCP stdio transport: EOF on our stdin closes the child's stdin (once what was read before
 is written to it); the child then has the shutdown grace to answer what it has read and exit, then gets
