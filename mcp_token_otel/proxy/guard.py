@@ -5,9 +5,8 @@ another process (measure_process.py). A guard has to see a message whole, with i
 session's budget, *before* the message goes on: a ``tools/call`` may be refused (answered by the proxy,
 never forwarded), a result may be cut, annotated or get a notice. So with guards on the proxy measures in
 its own process, on the relay path: :class:`GuardMeasurer` has the :class:`~.jsonrpc.Measurer` interface
-but handles everything at once, under one lock (the HTTP relay serves requests concurrently), and the relays
-hold each message until it is complete: a line (:class:`LineGuard`), an HTTP body, an SSE event
-(:class:`SseGuard`).
+but handles everything at once, under one lock (stdio has two relay threads), and the relays hold each
+message until it is complete: a line (:class:`LineGuard`), an HTTP body, an SSE event (:class:`SseGuard`).
 
 Never break the relay: a fault anywhere in guarding forwards the original bytes and is counted in the
 recorder's fault counter with stage ``guard``.

@@ -1,11 +1,8 @@
 """Measuring in a separate process, so that its CPU time never competes with the relay for the GIL.
 
-The relay process writes records to the measuring process's pipe, never waiting for it. On an event loop (the
-HTTP proxy's asyncio loop, the stdio relay's own loop) the loop's thread gathers records for a short delay (each
-keeps the time it was handed over) and writes them in one non-blocking write, with a bounded backlog when the
-pipe is full: what does not fit is forwarded but counted as dropped. Without a loop (before one is attached,
-at close) the bounded :class:`MeasureQueue`'s thread writes them (a blocking write, the GIL released; when the
-queue is full, chunks are counted as dropped).
+The relay process keeps only the bounded :class:`MeasureQueue`; its thread writes each record to a pipe (a
+blocking write, the GIL released). When the measuring process falls behind the pipe fills, that thread waits,
+the queue fills, and further chunks are forwarded but counted as dropped: the relay itself never waits.
 
 The measuring process (``python -m mcp_token_otel.proxy.measure_process``) owns the recorder, the
 OTLP exporters and ``/metrics``; it reads records from its stdin and ends, after flushing, at EOF (the relay
@@ -43,15 +40,14 @@ logger = logging.getLogger("mcp_token_otel.proxy")
 HEADER = struct.Struct("<BIIQ")
 NEW_TRACKER, NEW_STREAM, DATA, FINISH, CLOSE_TRACKER, SET_TRACKER, LOST, DROPPED, INJECT = range(1, 10)
 READY = b"ready\n"
-#: Event-loop mode (HTTP): records wait at most this long (s) to be written to the measuring process, or until
+#: Event-loop mode: records wait at most this long (s) to be written to the measuring process, or until
 #: FLUSH_BYTES of payload are pending.
 FLUSH_DELAY = 0.002
 FLUSH_BYTES = 256 * 1024
-#: stdio: records gather this long (s) before they are written, unless a server message ends first and nothing
-#: was written for as long (:meth:`RemoteMeasurer.answered`); the queue's writer (thread mode), once woken,
-#: lingers as long. One write, and one wake-up of the measuring process, per few messages in a busy session,
-#: instead of one per message: each wake-up costs CPU beyond the work it does. Spans are exported in batches
-#: and metrics scraped seconds apart, so the lag is not seen.
+#: Thread mode (stdio): the queue's writer, once woken, waits this long (s) and writes what gathered in one go:
+#: in a busy session one wake-up of it and of the measuring process per few calls, not per message (each
+#: wake-up costs CPU well beyond the work it does). Spans are exported in batches and metrics scraped seconds
+#: apart, so the lag is not seen.
 LINGER = 0.05
 
 
@@ -75,9 +71,9 @@ class RemoteStream:
 class RemoteMeasurer:
     """Same interface as :class:`~.jsonrpc.Measurer`, backed by a measuring subprocess.
 
-    The relay never waits for it to start: records go into the pipe (and the queue or backlog behind it) at
-    once and are measured when it is ready; the queue's writer waits for its ``ready`` line (up to
-    ``startup_timeout``), and if it never comes, relaying goes on unmeasured."""
+    The relay never waits for it to start: records go into the pipe (and the queue behind it) at once and are
+    measured when it is ready; the queue's writer waits for its ``ready`` line (up to ``startup_timeout``), and
+    if it never comes, relaying goes on unmeasured."""
 
     def __init__(self, argv: list[str], *, startup_timeout: float = 60.0) -> None:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -102,8 +98,6 @@ class RemoteMeasurer:
         self._pending_bytes = 0
         self._flush_soon = False
         self._flush_timer: Any = None
-        self._flush_delay = FLUSH_DELAY
-        self._last_write = 0.0  # monotonic time of the last write of gathered records
 
     # ------------------------------------------------------------------ relay side (never blocks)
 
@@ -153,17 +147,10 @@ class RemoteMeasurer:
 
     # ------------------------------------------------------------------ event-loop mode
 
-    def attach_loop(self, loop: Any, *, wait_ready: bool = True, delay: float = FLUSH_DELAY) -> None:
-        """From now on every call comes from ``loop``'s thread: write from it, never blocking, records gathered
-        for ``delay`` seconds. HTTP starts listening once the measuring process is ready (its /metrics up with
-        the proxy; no child waits); stdio (``wait_ready`` False) relays at once: records wait in the pipe and
-        the backlog until the measuring process reads them, and if it never starts, the pipe breaks (relaying
-        goes on unmeasured) or the backlog fills (counted as dropped)."""
-        if wait_ready:
-            self._check_started()
-        else:
-            self._started = True
-        self._flush_delay = delay
+    def attach_loop(self, loop: Any) -> None:
+        """From now on every call comes from ``loop``'s thread: write from it, never blocking. HTTP starts
+        listening once the measuring process is ready (its /metrics up with the proxy; no child waits)."""
+        self._check_started()
         self.queue.drain(10)
         self._pipe.flush()
         os.set_blocking(self._pipe.fileno(), False)
@@ -199,7 +186,7 @@ class RemoteMeasurer:
         if self._broken:
             return
         if not self._pending:
-            self._flush_timer = self._loop.call_later(self._flush_delay, self._write_pending)
+            self._flush_timer = self._loop.call_later(FLUSH_DELAY, self._write_pending)
         self._pending.append(HEADER.pack(op, ident, len(payload), time.time_ns()))
         if payload:
             self._pending.append(payload)
@@ -208,16 +195,7 @@ class RemoteMeasurer:
                 self._flush_soon = True
                 self._loop.call_soon(self._write_pending)
 
-    def answered(self) -> None:
-        """Event-loop mode: the relay has just forwarded the end of a server message (an answer, most often).
-        What is gathered goes now, unless records went out less than the gathering delay ago: a request and
-        its answer reach the measuring process in one write, the relay is not woken again for the timer, and
-        a burst still goes out in one write per delay."""
-        if self._pending and time.monotonic() - self._last_write >= self._flush_delay:
-            self._write_pending()
-
     def _write_pending(self) -> None:
-        self._last_write = time.monotonic()
         pending, self._pending = self._pending, []
         self._pending_bytes = 0
         self._flush_soon = False

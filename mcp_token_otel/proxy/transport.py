@@ -71,8 +71,7 @@ class Channel:
 
     @property
     def passing(self) -> bool:
-        """Inside a line too long to hold, forwarded in pieces (the stdio relay holds its own answers to the
-        client until the line ends)."""
+        """Inside a line too long to hold, forwarded in pieces (a writer shared by two relays keeps it)."""
         return isinstance(self._guard, LineGuard) and self._guard.passing
 
     @property

@@ -1,5 +1,5 @@
-"""The stdio relay's one thread, in process on pipes: backpressure per direction (a stuck consumer stops its own
-producer's reads only), large writes a pipe takes in parts, and EOF passed on once what was read is written.
+"""The stdio relay in process on pipes: backpressure per direction (a stuck consumer stops its own producer's
+reads only), large writes a pipe takes in parts, and EOF passed on once what was read is written.
 
 Each scenario is bounded by a generous timeout (a hang guard, not a timing assertion)."""
 
@@ -28,7 +28,7 @@ class Relay:
     """A StdioProxy on pipes, run in a thread; the test is its client (``to_proxy``, ``from_proxy``)."""
 
     def __init__(self, *child: str) -> None:
-        # The measuring side as in production (records written from the relay's loop), into a sink.
+        # The measuring side as in production (records written to a pipe), into a sink.
         self.measurer = RemoteMeasurer(["sh", "-c", "echo ready; cat > /dev/null"])
         self.proxy_in, self.to_proxy = os.pipe()
         self.from_proxy, self.proxy_out = os.pipe()
