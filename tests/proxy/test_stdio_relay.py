@@ -126,11 +126,12 @@ def test_stuck_server_reader_does_not_stop_its_output(relays: list[Relay]) -> No
 
 def test_large_line_relayed_in_parts_then_eof(relays: list[Relay]) -> None:
     """A 16 MB line to an echoing server, written in one go and read back slowly: the pipes take it in parts
-    (partial writes, pending bytes), nothing is lost or reordered; EOF right after it reaches the server only
-    once all of it was written, and the proxy exits with the server's status."""
+    (partial writes retried), nothing is lost or reordered; EOF right after it reaches the server only once all
+    of it was written, and the proxy exits with the server's status."""
     relay = Relay("echo")
     relays.append(relay)
     payload = os.urandom(8 << 20).hex().encode() + b"\n"
+
     def write() -> None:
         relay.write_all(payload)
         os.close(relay.to_proxy)  # EOF at once: the server must still get all of it first
