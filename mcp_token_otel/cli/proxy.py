@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
                                   "or the upstream host)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus /metrics on this port")
+                   help="serve Prometheus /metrics on this port (0: any free port, whose URL is printed on stderr)")
     p.add_argument("--metrics-host", default=None, metavar="HOST",
                    help="address for /metrics (default: prometheus.host, 127.0.0.1)")
     p.add_argument("--metrics-required", action="store_true",

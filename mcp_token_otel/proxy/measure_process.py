@@ -40,6 +40,7 @@ logger = logging.getLogger("mcp_token_otel.proxy")
 HEADER = struct.Struct("<BIIQ")
 NEW_TRACKER, NEW_STREAM, DATA, FINISH, CLOSE_TRACKER, SET_TRACKER, LOST, DROPPED, INJECT = range(1, 10)
 READY = b"ready\n"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: Event-loop mode: records wait at most this long (s) to be written to the measuring process, or until
 #: FLUSH_BYTES of payload are pending.
 FLUSH_DELAY = 0.002
@@ -325,6 +326,9 @@ class RemoteTelemetry:
 
 def measuring_argv(config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None) -> list[str]:
     argv = [sys.executable, "-m", "mcp_token_otel.proxy.measure_process", "--name", name]
+    level = logging.getLevelName(logging.getLogger().getEffectiveLevel())  # the relay's --log-level
+    if level in LOG_LEVELS:
+        argv += ["--log-level", level]
     if config_path:
         argv += ["--config", config_path]
     if metrics_host:
@@ -405,12 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config")
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--log-level", default="WARNING", choices=LOG_LEVELS)
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):  # on a busy machine the relay gets the CPU first
         os.nice(5)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(message)s")
     from ..config import load_config
     from .telemetry import Telemetry
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -97,6 +98,11 @@ class Telemetry:
             self.prometheus = start_prometheus(self.recorder, prom)
             if self.prometheus.server is None:
                 raise StartupError(f"cannot serve /metrics on {prom.host}:{prom.port} (port in use?)")
+            where = f"mcp-token-otel proxy: /metrics at {self.prometheus.server.url}"
+            if prom.port == 0:  # any free port: the port taken is the only way to find /metrics
+                print(where, file=sys.stderr, flush=True)
+            else:
+                logger.info(where)
             self.prometheus.registry.register(_StatsCollector(self.stats))
         try:
             _otel_counters(self.stats)

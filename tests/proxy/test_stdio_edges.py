@@ -87,6 +87,7 @@ def test_messages_forwarded_unchanged_and_counted(receiver: Receiver) -> None:
     out, err, code = _finish(proc)
     assert got + out == direct  # byte for byte what the server wrote
     assert code == 0, err
+    assert b"/metrics at" not in err  # a port given: nothing to announce at the default log level
     c2s = {k: sample(text, "mcp_token_proxy_messages_total", direction="client_to_server", kind=k)
            for k in ("request", "invalid", "notification", "unmatched")}
     s2c = {k: sample(text, "mcp_token_proxy_messages_total", direction="server_to_client", kind=k)
@@ -98,6 +99,29 @@ def test_messages_forwarded_unchanged_and_counted(receiver: Receiver) -> None:
     assert span.trace_id.hex() == TRACE_ID and span.parent_span_id.hex() == PARENT_ID  # continues the caller
     assert attrs["mcp_token.input_tokens"] >= 100 and attrs["server.address"] == "raw"
     assert "resources/read" in spans
+
+
+def test_metrics_port_0_prints_the_port_taken() -> None:
+    """--metrics-port 0 serves /metrics on any free port and says which on stderr, once; it counts the calls."""
+    proc = _start_proxy(_child("responder"), "--name", "raw", "--metrics-port", "0")
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, b"")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    url = wait_for(lambda: next((line.decode().split(" at ", 1)[1].strip() for line in lines
+                                 if b"/metrics at " in line), None), what="the /metrics URL on stderr")
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+    assert port > 0
+    proc.stdin.write(b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t"}}\n')
+    proc.stdin.flush()
+    assert b'"id": 1' in proc.stdout.readline()
+    wait_for(lambda: sample(_scrape(port), "mcp_token_proxy_messages_total", kind="response") >= 1,
+             what="the call counted on the announced port")
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    reader.join(10)
+    assert sum(b"/metrics at " in line for line in lines) == 1, lines
 
 
 @pytest.mark.slow
