@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
 import pathlib
 import shutil
@@ -165,3 +166,8 @@ def assert_client_call_recorded_once(otel: Otel, tool: str, client_span: Readabl
     assert [(p.attributes["mcp_token.direction"], p.count) for p in points] == [("output", 1)]
     sums = [p.value for p in metrics["mcp_token.tokens"] if mine(p) and p.attributes["mcp_token.direction"] == "input"]
     assert sums == [client_span.attributes["mcp_token.input_tokens"]]
+
+
+def mcp_version() -> tuple[int, ...]:
+    """The installed ``mcp`` release as ints, e.g. (2, 3, 0), for expectations that follow the SDK's release."""
+    return tuple(int(part) for part in importlib.metadata.version("mcp").split(".")[:3] if part.isdigit())
