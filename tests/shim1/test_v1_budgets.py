@@ -12,12 +12,11 @@ import pytest
 from mcp import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.trace import SpanKind
 
-from .conftest import Otel, free_port
+from .conftest import Otel, free_port, streamable_http_client
 from .test_v1_transports import serve, stdio_params
 
 TOKENS = "mcp_token.session.tokens"

@@ -19,7 +19,6 @@ import mcp.types as types
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from mcp.shared.session import RequestResponder
@@ -28,7 +27,7 @@ from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.core.guard import META_DEPTH_KEY, META_GUARD_KEY, META_TOKENS_KEY
 
-from .conftest import Otel, free_port, make_config
+from .conftest import Otel, free_port, make_config, streamable_http_client
 from .servers.guard_server import make_server as make_guard_server
 from .servers.guard_server import words
 

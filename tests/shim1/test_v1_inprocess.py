@@ -10,15 +10,22 @@ import anyio
 import mcp.types as types
 import pytest
 from mcp.server.fastmcp import Context, FastMCP
-from mcp.shared.exceptions import McpError, UrlElicitationRequiredError
+from mcp.shared.exceptions import McpError
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
-from .conftest import Otel, make_config, no_usage_attributes
+from .conftest import MCP_VERSION, Otel, make_config, no_usage_attributes
+
+try:
+    from mcp.shared.exceptions import UrlElicitationRequiredError
+except ImportError:  # added in mcp 1.24
+    UrlElicitationRequiredError = None  # type: ignore[assignment,misc]
 
 URL_ELICITATION_REQUIRED = -32042
 METHOD_NOT_FOUND = -32601
+# From mcp 1.25 FastMCP lets a tool's UrlElicitationRequiredError through as a JSON-RPC error (before: isError).
+ELICITATION_ERROR_PASSES_TOOLS = MCP_VERSION >= (1, 25)
 
 
 def make_server() -> FastMCP:
@@ -35,8 +42,8 @@ def make_server() -> FastMCP:
 
     @server.tool()
     def mcp_err() -> str:
-        # The one McpError that FastMCP 1.x lets through a tool (others become isError results).
-        raise UrlElicitationRequiredError([])
+        # The one McpError that FastMCP 1.x (>= 1.25) lets through a tool (others become isError results).
+        raise UrlElicitationRequiredError([])  # type: ignore[misc]
 
     @server.tool()
     async def asks(ctx: Context[Any, Any, Any]) -> str:
@@ -202,14 +209,18 @@ def test_prompt_and_content_capture(otel: Otel) -> None:
         assert len(str(tool.attributes["gen_ai.tool.call.result"])) == 50
 
 
+@pytest.mark.skipif(UrlElicitationRequiredError is None, reason="mcp < 1.24 has no UrlElicitationRequiredError")
 def test_errors(otel: Otel, instrumented: Any) -> None:
     async def main() -> None:
         async with create_connected_server_and_client_session(make_server()) as client:
             result = await client.call_tool("boom", {})
             assert result.isError
-            with pytest.raises(McpError) as info:
-                await client.call_tool("mcp_err", {})
-            assert info.value.error.code == URL_ELICITATION_REQUIRED
+            if ELICITATION_ERROR_PASSES_TOOLS:
+                with pytest.raises(McpError) as info:
+                    await client.call_tool("mcp_err", {})
+                assert info.value.error.code == URL_ELICITATION_REQUIRED
+            else:
+                assert (await client.call_tool("mcp_err", {})).isError
             with pytest.raises(McpError) as info:  # FastMCP registers no subscribe handler
                 await client.subscribe_resource("test://nothing")  # type: ignore[arg-type]
             assert info.value.error.code == METHOD_NOT_FOUND
@@ -222,8 +233,12 @@ def test_errors(otel: Otel, instrumented: Any) -> None:
         assert "rpc.response.status_code" not in tool_error.attributes
         assert tool_error.status.status_code is StatusCode.ERROR
         (rpc_error,) = by_name(spans, "tools/call mcp_err", kind)
-        assert rpc_error.attributes["error.type"] == str(URL_ELICITATION_REQUIRED)
-        assert rpc_error.attributes["rpc.response.status_code"] == str(URL_ELICITATION_REQUIRED)
+        if ELICITATION_ERROR_PASSES_TOOLS:
+            assert rpc_error.attributes["error.type"] == str(URL_ELICITATION_REQUIRED)
+            assert rpc_error.attributes["rpc.response.status_code"] == str(URL_ELICITATION_REQUIRED)
+        else:
+            assert rpc_error.attributes["error.type"] == "tool_error"
+            assert "rpc.response.status_code" not in rpc_error.attributes
         assert rpc_error.status.status_code is StatusCode.ERROR
         assert rpc_error.attributes["mcp_token.output_tokens"] > 0
         (unknown,) = by_name(spans, "resources/subscribe", kind)

@@ -13,14 +13,13 @@ from typing import Any
 import anyio
 import pytest
 from mcp import ClientSession, types
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
 from opentelemetry import baggage, context
 
 from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
-from .conftest import Otel, free_port, make_config
+from .conftest import Otel, free_port, make_config, streamable_http_client
 from .test_v1_transports import serve
 
 PAYLOAD = " ".join(f"line {i} of the report" for i in range(200))[:4000]  # ~4 KB

@@ -19,7 +19,7 @@ import uvicorn
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import StreamableHTTPTransport, streamable_http_client
+from mcp.client.streamable_http import StreamableHTTPTransport
 from mcp.server.fastmcp import FastMCP
 from mcp.server.session import ServerSession
 from mcp.server.sse import SseServerTransport
@@ -48,7 +48,7 @@ from ..faults import (
     raising_estimator,
 )
 from ..support import ROOT, assert_client_call_recorded_once
-from .conftest import Otel, free_port, make_config
+from .conftest import Otel, free_port, make_config, streamable_http_client
 
 N = 20
 

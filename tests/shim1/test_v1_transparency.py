@@ -17,7 +17,6 @@ import mcp.types as types
 import pytest
 import uvicorn
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.trace import SpanKind
@@ -26,7 +25,7 @@ from pydantic import BaseModel
 from mcp_token_otel.config import ConfigError
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
-from .conftest import Otel, free_port, make_config
+from .conftest import Otel, free_port, make_config, streamable_http_client
 
 Seen = dict[str, list[Any]]
 

@@ -13,11 +13,10 @@ import pytest
 import uvicorn
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.fastmcp import FastMCP
 from opentelemetry.trace import SpanKind, StatusCode
 
-from .conftest import Otel, free_port, make_config, no_usage_attributes
+from .conftest import Otel, free_port, make_config, no_usage_attributes, streamable_http_client
 
 SERVER_SCRIPT = Path(__file__).parent / "servers" / "stdio_server.py"
 
