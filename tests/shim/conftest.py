@@ -15,13 +15,24 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 # Re-exported for the test modules, which import them from here.
-from ..support import Otel, free_port, global_tracer_provider, instrumented_session, make_config, otel_session
+from ..support import (
+    Otel,
+    free_port,
+    global_tracer_provider,
+    instrumented_session,
+    make_config,
+    mcp_version,
+    otel_session,
+)
 
-__all__ = ["Otel", "free_port", "make_config", "named"]
+__all__ = ["UNTRACED_META", "Otel", "free_port", "make_config", "named"]
 
 IS_MCP_V2 = importlib.util.find_spec("mcp.shared.dispatcher") is not None
 if not IS_MCP_V2:
     collect_ignore_glob = ["test_v2_*.py"]
+
+# The ``_meta`` of a request the SDK sends with no trace context to carry: mcp < 2.3 writes an empty one, 2.3 none.
+UNTRACED_META: dict[str, Any] | None = None if mcp_version() >= (2, 3) else {}
 
 EXPORTER = InMemorySpanExporter()
 

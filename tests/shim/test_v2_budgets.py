@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry.trace import SpanKind
@@ -92,7 +92,7 @@ def test_stdio(otel: Otel, instrumented: Any, tmp_path: Path, mode: str) -> None
 
     async def main() -> None:
         with anyio.fail_after(30):
-            async with Client(params, mode=mode) as client:
+            async with Client(stdio_client(params), mode=mode) as client:
                 for n in (100, 200, 300):
                     await client.call_tool("big", {"n": n})
 

@@ -22,7 +22,7 @@ import anyio
 import pytest
 import uvicorn
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -99,7 +99,7 @@ def session(transport: str, server_fault: str | None = None) -> tuple[list[Any],
                 if server_fault:
                     env["MCP_TOKEN_TEST_FAULT"] = server_fault
                 params = StdioServerParameters(command=sys.executable, args=[str(SERVER_SCRIPT)], env=env)
-                async with Client(params, mode="legacy") as client:
+                async with Client(stdio_client(params), mode="legacy") as client:
                     outcomes = await run_script(client)
                     report = await client.call_tool("_fault_report", {})
                     return outcomes, json.loads(report.content[0].text)

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from pydantic import BaseModel
 
 from ..support import Otel, instrumented_session
+from .conftest import UNTRACED_META
 
 TRACE_KEYS = ("traceparent", "tracestate", "baggage")
 
@@ -143,7 +144,7 @@ def test_callbacks_see_what_they_see_without_the_shim(otel: Otel, sdk_tracer: st
     assert len(baseline["sampling"]) == len(baseline["elicitation"]) == 1
     if sdk_tracer == "noop":  # the SDK's tracer makes no span: nothing carries trace context
         assert "<traceparent>" not in repr(baseline)
-        assert baseline["sampling"][0].get("_meta") is None
+        assert baseline["sampling"][0].get("_meta") == UNTRACED_META
     else:  # its dropped spans still have a context: the SDK injects it
         assert baseline["sampling"][0]["_meta"] == {"traceparent": "<traceparent>"}
     assert shimmed == baseline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -12,10 +13,11 @@ import pytest
 import uvicorn
 from mcp import Client
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry.trace import SpanKind, StatusCode
+from packaging.requirements import Requirement
 
 from .conftest import Otel, free_port, make_config, named
 
@@ -39,7 +41,7 @@ def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -
 
         async def main() -> None:
             with anyio.fail_after(30):
-                async with Client(stdio_params(spans_file), mode="legacy") as client:
+                async with Client(stdio_client(stdio_params(spans_file)), mode="legacy") as client:
                     result = await client.call_tool("big", {"n": 5000})
                     assert result.content[0].text == "x" * 5000
                     assert (await client.call_tool("boom", {})).is_error
@@ -73,15 +75,34 @@ def test_stdio_subprocess(otel: Otel, tmp_path: Path, instrument_client: bool) -
         assert srv["parent_id"] == f"{client.context.span_id:016x}"
 
 
+def unfit_server(dist: str) -> str | None:
+    """Why the installed release of the MCP server package ``dist`` cannot run on the installed mcp 2.x, or None.
+
+    Its declared requirement on ``mcp`` says which SDK it was written for: one that admits mcp 1.x (e.g.
+    ``mcp>=1.23.0``) imports mcp 1.x's API, which mcp 2.x removed. pip installs such a release when no release
+    written for mcp 2.x accepts the installed mcp (mcp-server-time 2026.10.19 requires mcp>=2.3)."""
+    mcp = importlib.metadata.version("mcp")
+    wants = [Requirement(r) for r in importlib.metadata.requires(dist) or []]
+    (spec,) = [r.specifier for r in wants if r.name == "mcp" and not r.marker]
+    release = f"{dist} {importlib.metadata.version(dist)}"
+    if not spec.contains(mcp, prereleases=True):
+        return f"{release} requires mcp{spec}, not mcp {mcp}"
+    if spec.contains("1.9999", prereleases=True):
+        return f"{release} was written for mcp 1.x (it requires mcp{spec}): it cannot run on mcp {mcp}"
+    return None
+
+
 @pytest.mark.slow
 def test_mcp_server_time_stdio(otel: Otel, instrumented: Any) -> None:
+    if reason := unfit_server("mcp-server-time"):
+        pytest.skip(reason)
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "mcp_server_time", "--local-timezone", "UTC"]
     )
 
     async def main() -> None:
         with anyio.fail_after(30):
-            async with Client(params, mode="legacy") as client:
+            async with Client(stdio_client(params), mode="legacy") as client:
                 result = await client.call_tool("get_current_time", {"timezone": "UTC"})
                 assert not result.is_error and "UTC" in result.content[0].text
                 bad = await client.call_tool("get_current_time", {"timezone": "Mars/Olympus"})
