@@ -6,7 +6,6 @@ mcp 1.x emits no spans of its own, so every span comes from the tracer provider 
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 from collections.abc import Iterator
 from typing import Any
@@ -26,14 +25,12 @@ except ImportError:
     from mcp.client.streamable_http import streamablehttp_client as streamable_http_client  # type: ignore[no-redef]
 
 # Re-exported for the test modules, which import them from here.
-from ..support import Otel, free_port, instrumented_session, make_config, no_usage_attributes, otel_session
+from ..support import Otel, free_port, instrumented_session, make_config, mcp_version, no_usage_attributes, otel_session
 
 __all__ = ["MCP_VERSION", "Otel", "free_port", "make_config", "no_usage_attributes", "streamable_http_client"]
 
 # The installed SDK's release as ints, e.g. (1, 30, 0), for tests whose expectation follows the SDK.
-MCP_VERSION: tuple[int, ...] = tuple(
-    int(part) for part in importlib.metadata.version("mcp").split(".")[:3] if part.isdigit()
-)
+MCP_VERSION = mcp_version()
 
 # Feature detection, as instrument() does it: the dispatcher package exists only in mcp 2.x.
 IS_MCP_V2 = importlib.util.find_spec("mcp.shared.dispatcher") is not None
