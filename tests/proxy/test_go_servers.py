@@ -1,9 +1,10 @@
 """Servers in other languages behind the proxy: two Go MCP servers (tests/peers/go, one on the official Go SDK,
-one on mcp-go, built from pinned modules by scripts/go-peers) and a Rust one over stdio (tests/peers/rust, on the
-official rmcp crate), with the tools of the Python twin (servers/twin_server.py).
+one on mcp-go, built from pinned modules by scripts/go-peers) and a Rust one (tests/peers/rust, on the official
+rmcp crate, built by cargo), with the tools of the Python twin (servers/twin_server.py). Each serves stdio, or
+streamable HTTP at /mcp with --http HOST:PORT.
 
 Through the stdio and the HTTP proxy: the bytes direct and proxied are the same, token figures equal the twin's
-for the same results, budgets and guards act, nothing is counted as invalid. Every way the Go servers were seen to
+for the same results, budgets and guards act, nothing is counted as invalid. Every way these servers were seen to
 differ from the Python SDK on the wire has a test that the proxy relays it unchanged.
 """
 
@@ -35,7 +36,7 @@ from .test_http import _open
 pytestmark = pytest.mark.slow
 
 GO_SERVERS = ("gosdk", "mcpgo")
-STDIO_SERVERS = (*GO_SERVERS, "rmcp")  # and the Rust server, on the official rmcp crate (stdio only)
+SERVERS = (*GO_SERVERS, "rmcp")  # and the Rust server, on the official rmcp crate
 RUST_PEER = ROOT / "tests" / "peers" / "rust"
 TWIN = Path(__file__).parent / "servers" / "twin_server.py"
 TOOLS = ("read_document", "weather", "fail", "image")
@@ -69,8 +70,8 @@ def rust_peer() -> str:
     return str(target / "release" / "rmcp-peer")
 
 
-def stdio_binary(request: pytest.FixtureRequest, server: str) -> str:
-    """The binary of a stdio server: a Go one, or the Rust one (rmcp)."""
+def peer_binary(request: pytest.FixtureRequest, server: str) -> str:
+    """The binary of a server: a Go one, or the Rust one (rmcp)."""
     if server == "rmcp":
         return str(request.getfixturevalue("rust_peer"))
     return str(request.getfixturevalue("go_peers")[server])
@@ -197,11 +198,11 @@ def assert_clean(text: str, server: str) -> None:
     assert sample(text, "mcp_token_instrumentation_errors_total", server=server) == 0
 
 
-@pytest.mark.parametrize("server", STDIO_SERVERS)
+@pytest.mark.parametrize("server", SERVERS)
 def test_stdio_byte_identical(request: pytest.FixtureRequest, server: str) -> None:
     """Every byte the Go server writes reaches the client unchanged (its HTML-safe escapes \\u003c \\u0026, its
     key order, its omitted fields), and the proxy counts each message by kind, none invalid."""
-    binary = stdio_binary(request, server)
+    binary = peer_binary(request, server)
     direct = converse([binary], dict(os.environ), CONVERSATION)
     port = free_port()
     out, status, text = converse(*proxied([binary], server, port), CONVERSATION, metrics_port=port)
@@ -231,24 +232,24 @@ def twin_figures() -> tuple[list[Any], dict[str, dict[str, float]]]:
     return stdio_figures("twin", [sys.executable, str(TWIN)])
 
 
-@pytest.mark.parametrize("server", STDIO_SERVERS)
+@pytest.mark.parametrize("server", SERVERS)
 def test_token_figures_equal_the_python_twin(request: pytest.FixtureRequest, server: str,
                                              twin_figures: tuple[list[Any], dict[str, dict[str, float]]]) -> None:
     """The same results from SDKs in three languages (Go's escapes and key order, Rust's, Python's), measured
     through the stdio proxy with the default estimator: every per-tool figure equals the Python twin's."""
-    results, figures = stdio_figures(server, [stdio_binary(request, server)])
+    results, figures = stdio_figures(server, [peer_binary(request, server)])
     assert results == twin_figures[0]  # the same JSON values
     assert figures == twin_figures[1]
     assert figures["read_document"]["mcp_token_tokens_total:output"] > 8_000  # ~42 KB, twice read
     assert figures["image"]["mcp_token_tokens_total:output"] > 0
 
 
-@pytest.mark.parametrize("server", STDIO_SERVERS)
+@pytest.mark.parametrize("server", SERVERS)
 def test_guards_and_budget(request: pytest.FixtureRequest, server: str) -> None:
     """Guards enforced in front of a Go server: the large result is cut to the cap, a result left alone goes on
     as the server's very bytes, the session budget passes warning and exhaustion once each, then calls are
     refused by the proxy."""
-    binary = stdio_binary(request, server)
+    binary = peer_binary(request, server)
     lines = [*initialize(), (message(2, "tools/list"), 1), *(call(i, "read_document") for i in range(3, 7)),
              call(7, "weather")]
     direct = converse([binary], dict(os.environ), lines)[0].splitlines()
@@ -353,20 +354,33 @@ def http_proxy(upstream: str, name: str) -> Iterator[tuple[str, int]]:
                 proc.wait(timeout=WAIT)
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
-    """Every status, header (in Go's canonical capitalisation, Mcp-Session-Id) and body byte as direct: the Go
-    SDK's SSE answer to every POST, mcp-go's plain JSON, and their different refusals of a batch."""
-    with serving([go_peers[server]]) as url:
+#: Per server over HTTP: how it writes the session header's name (Go canonicalises it, hyper writes it lowercase
+#: as the Python SDK does), its Content-Type for a tool's answer, and its status for a batch on 2025-11-25.
+HTTP_WAYS: dict[str, tuple[str, str, int]] = {
+    "gosdk": ("Mcp-Session-Id", "text/event-stream", 400),
+    "mcpgo": ("Mcp-Session-Id", "application/json", 400),
+    "rmcp": ("mcp-session-id", "text/event-stream", 415),  # 415 Unsupported Media Type: a body it cannot parse
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_http_byte_identical(request: pytest.FixtureRequest, server: str) -> None:
+    """Every status, header (in the server's own capitalisation: Go's Mcp-Session-Id) and body byte as direct: the
+    Go SDK's SSE answer to every POST, mcp-go's plain JSON, rmcp's SSE with its empty priming event and event ids,
+    and their different refusals of a batch."""
+    with serving([peer_binary(request, server)]) as url:
         direct = http_conversation(url)
         with http_proxy(url, server) as (base, metrics_port):
             through = http_conversation(base + "/mcp")
             text = metrics_when(metrics_port, responses_seen(8))
     assert through == direct
-    assert ("Mcp-Session-Id", "SESSION") in direct[0][1]  # not the Python SDK's mcp-session-id
-    content_type = dict(direct[3][1])["Content-Type"]
-    assert content_type == {"gosdk": "text/event-stream", "mcpgo": "application/json"}[server]
-    assert direct[-2][0] == 400  # a batch on 2025-11-25 is refused (go-sdk in text/plain, mcp-go in JSON-RPC)
+    session_header, content_type, batch_status = HTTP_WAYS[server]
+    assert (session_header, "SESSION") in direct[0][1]
+    assert [v for k, v in direct[3][1] if k.lower() == "content-type"] == [content_type]
+    # rmcp opens each SSE answer with an empty priming event (an event id and a retry, for resuming the stream).
+    assert direct[3][2].startswith(b"data: \nid: ") == (server == "rmcp")
+    # A batch on 2025-11-25 is refused: go-sdk in text/plain, rmcp in text with no Content-Type, mcp-go in JSON-RPC.
+    assert direct[-2][0] == batch_status
     assert_clean(text, server)
     # mcp-go's refusal is a JSON-RPC error with id null: a response to no request, counted as unmatched.
     null_id_errors = sum(body.startswith(b'{"jsonrpc":"2.0","id":null,"error"') for _, _, body in direct)
@@ -375,9 +389,9 @@ def test_http_byte_identical(go_peers: dict[str, str], server: str) -> None:
     assert sample(text, "mcp_token_call_errors_total", side="proxy", server=server, tool="fail") == 1
 
 
-def test_http_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> None:
+def test_http_token_figures_equal_the_python_twin(request: pytest.FixtureRequest) -> None:
     """Over the HTTP proxy too, the same results give the same figures, whatever the SDK's framing."""
-    commands = {"gosdk": [go_peers["gosdk"]], "mcpgo": [go_peers["mcpgo"]], "twin": [sys.executable, str(TWIN)]}
+    commands = {**{server: [peer_binary(request, server)] for server in SERVERS}, "twin": [sys.executable, str(TWIN)]}
     figures = {}
     for server, command in commands.items():
         with serving(command) as url, http_proxy(url, server) as (base, metrics_port):
@@ -385,17 +399,18 @@ def test_http_token_figures_equal_the_python_twin(go_peers: dict[str, str]) -> N
             text = metrics_when(metrics_port, responses_seen(8))
         assert_clean(text, server)
         figures[server] = tool_figures(text, server)
-    assert figures["gosdk"] == figures["mcpgo"] == figures["twin"]
+    assert figures["gosdk"] == figures["mcpgo"] == figures["rmcp"] == figures["twin"]
     assert figures["twin"]["read_document"]["mcp_token_tokens_total:output"] > 0
 
 
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_http_guard_cuts_either_framing(go_peers: dict[str, str], server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Guards over HTTP: the large result is cut inside the Go SDK's SSE event and in mcp-go's JSON body (its
-    Content-Length written again); every other exchange is the server's bytes."""
+@pytest.mark.parametrize("server", SERVERS)
+def test_http_guard_cuts_either_framing(request: pytest.FixtureRequest, server: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards over HTTP: the large result is cut inside the SSE event of the Go SDK and rmcp and in mcp-go's JSON
+    body (its Content-Length written again); every other exchange is the server's bytes."""
     monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MODE", "enforce")
     monkeypatch.setenv("MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS", "2000")
-    with serving([go_peers[server]]) as url:
+    with serving([peer_binary(request, server)]) as url:
         direct = http_conversation(url)
         with http_proxy(url, server) as (base, metrics_port):
             through = http_conversation(base + "/mcp")
@@ -409,10 +424,11 @@ def test_http_guard_cuts_either_framing(go_peers: dict[str, str], server: str, m
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-@pytest.mark.parametrize("server", GO_SERVERS)
-def test_sdk_client_negotiates_the_same_through_the_proxy(go_peers: dict[str, str], server: str, mode: str) -> None:
-    """The mcp 2.x Client over HTTP: the protocol each Go SDK settles on (auto: mcp-go speaks 2026-07-28, the Go
-    SDK's HTTP handler answers 2025-11-25) and every result are the same through the proxy."""
+@pytest.mark.parametrize("server", SERVERS)
+def test_sdk_client_negotiates_the_same_through_the_proxy(request: pytest.FixtureRequest, server: str,
+                                                         mode: str) -> None:
+    """The mcp 2.x Client over HTTP: the protocol each server settles on (auto: mcp-go and rmcp speak 2026-07-28,
+    the Go SDK's HTTP handler answers 2025-11-25) and every result are the same through the proxy."""
 
     async def session(url: str) -> list[Any]:
         with anyio.fail_after(WAIT):
@@ -421,13 +437,13 @@ def test_sdk_client_negotiates_the_same_through_the_proxy(go_peers: dict[str, st
                            for tool in TOOLS]
                 return [client.protocol_version, *results]
 
-    with serving([go_peers[server]]) as url:
+    with serving([peer_binary(request, server)]) as url:
         direct = anyio.run(session, url)
         with http_proxy(url, server) as (base, metrics_port):
             through = anyio.run(session, base + "/mcp")
             text = metrics_when(metrics_port, responses_seen(4))
     assert through == direct
-    assert direct[0] == ("2026-07-28" if mode == "auto" and server == "mcpgo" else "2025-11-25")
+    assert direct[0] == ("2026-07-28" if mode == "auto" and server != "gosdk" else "2025-11-25")
     assert_clean(text, server)
 
 
@@ -451,13 +467,13 @@ BATCH_ANSWERS: dict[str, tuple[int, dict[str, Any] | None, str | None]] = {
 }
 
 
-@pytest.mark.parametrize("server", STDIO_SERVERS)
+@pytest.mark.parametrize("server", SERVERS)
 def test_stdio_differences_relayed_unchanged(request: pytest.FixtureRequest, server: str) -> None:
     """What these servers do that the Python SDK does not, relayed as they do it (the same bytes and exit
     status as direct): an id above 2**53 answered rounded by both Go SDKs (they decode ids as float64), so the
     answer pairs with no request; their own error texts for an unknown method; a batch on 2025-11-25 refused
     with an id-null parse error (mcp-go), an error without id (rmcp), or by ending the whole session (Go SDK)."""
-    binary = stdio_binary(request, server)
+    binary = peer_binary(request, server)
     answered_id, batch_answer, batch_kind = BATCH_ANSWERS[server]
     before = [*initialize("2099-01-01"), (message(BIG_ID, "ping"), 1), (message("", "ping"), 1),
               (message(8, "no/such/method"), 1)]
@@ -488,12 +504,12 @@ def test_stdio_differences_relayed_unchanged(request: pytest.FixtureRequest, ser
         (batch_kind == "invalid")
 
 
-@pytest.mark.parametrize("server", STDIO_SERVERS)
+@pytest.mark.parametrize("server", SERVERS)
 def test_stdio_2026_protocol_through_the_proxy(request: pytest.FixtureRequest, server: str) -> None:
     """Over stdio the Go SDKs and rmcp speak 2026-07-28 (server/discover, serverInfo in each result's _meta)
     with the mcp 2.x Client in auto mode: the same protocol and results through the proxy, none invalid."""
     port = free_port()
-    binary = stdio_binary(request, server)
+    binary = peer_binary(request, server)
     argv, env = proxied([binary], server, port)
     scraped: list[str] = []
 

@@ -1,5 +1,6 @@
-//! A test MCP server on the official Rust SDK (rmcp) over stdio, with the tools of the Go test servers
-//! (tests/peers/go/tools/tools.go): the same results, byte for byte in value.
+//! A test MCP server on the official Rust SDK (rmcp), with the tools of the Go test servers
+//! (tests/peers/go/tools/tools.go): the same results, byte for byte in value. Over stdio, or streamable HTTP
+//! at http://HOST:PORT/mcp with `--http HOST:PORT` (rmcp's own service, with its default configuration).
 
 use std::sync::Arc;
 
@@ -8,6 +9,8 @@ use rmcp::model::{
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 
 // The constants of tests/peers/go/tools/tools.go.
@@ -89,9 +92,48 @@ impl ServerHandler for Peer {
     }
 }
 
+/// Serves streamable HTTP at /mcp (anything else: 404, as the Go servers' mux does), one task per connection.
+async fn serve_http(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use http_body_util::{BodyExt, Empty};
+
+    let service = StreamableHttpService::new(
+        || Ok(Peer),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let service = service.clone();
+        let handler = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let service = service.clone();
+            async move {
+                if request.uri().path() == "/mcp" {
+                    return Ok::<_, std::convert::Infallible>(service.handle(request).await);
+                }
+                let mut response = hyper::Response::new(Empty::new().map_err(|never| match never {}).boxed());
+                *response.status_mut() = hyper::StatusCode::NOT_FOUND;
+                Ok(response)
+            }
+        });
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            // A connection's error (the client went away) ends that connection only.
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, handler).await;
+        });
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let service = Peer.serve(rmcp::transport::stdio()).await?;
-    service.waiting().await?;
-    Ok(())
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => {
+            let service = Peer.serve(rmcp::transport::stdio()).await?;
+            service.waiting().await?;
+            Ok(())
+        }
+        [flag, addr] if flag == "--http" => serve_http(addr).await,
+        _ => Err("usage: rmcp-peer [--http HOST:PORT]".into()),
+    }
 }
