@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import codecs
 import contextlib
 import dataclasses
@@ -172,7 +173,9 @@ def _cmd_demo(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         guard=args.guard,
     )
     try:
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends a --duration 0 run
+        # Ctrl-C ends a --duration 0 run. Python 3.10's event loop runner (anyio's backport of asyncio.Runner)
+        # reports it as the main task's CancelledError where 3.11 raises KeyboardInterrupt.
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
             anyio.run(run_demo, config, options)
     except (RuntimeError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
