@@ -1,8 +1,11 @@
 """Measuring in a separate process, so that its CPU time never competes with the relay for the GIL.
 
-The relay process keeps only the bounded :class:`MeasureQueue`; its thread writes each record to a pipe (a
-blocking write, the GIL released). When the measuring process falls behind the pipe fills, that thread waits,
-the queue fills, and further chunks are forwarded but counted as dropped: the relay itself never waits.
+The relay never waits for it. stdio (thread mode): records go into the bounded :class:`MeasureQueue`, whose
+thread gathers them for LINGER and writes them to the pipe (a blocking write, the GIL released); when the
+measuring process falls behind, the pipe fills, that thread waits, the queue fills, and further chunks are
+forwarded but counted as dropped. HTTP (event-loop mode, :meth:`RemoteMeasurer.attach_loop`): the loop's thread
+gathers records for FLUSH_DELAY and writes them in one non-blocking write, with a bounded backlog when the pipe
+is full; what does not fit is forwarded but counted as dropped.
 
 The measuring process (``python -m mcp_token_otel.proxy.measure_process``) owns the recorder, the
 OTLP exporters and ``/metrics``; it reads records from its stdin and ends, after flushing, at EOF (the relay
