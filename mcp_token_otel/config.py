@@ -154,6 +154,9 @@ class PrometheusConfig:
     service_output_rate_budget: float = field(default=500.0, metadata=_POSITIVE)
     #: Also expose the ``_created`` series of every counter and histogram (one more line per series).
     created_series: bool = False
+    #: Where stdio proxies keep their metrics for ``mcp-token-otel serve`` ("": the per-user default,
+    #: ``$XDG_STATE_HOME/mcp-token-otel/metrics`` or ``~/.local/state/mcp-token-otel/metrics``).
+    state_dir: str = ""
 
     def __post_init__(self) -> None:
         for first, second in (("tls_cert_file", "tls_key_file"), ("basic_auth_username", "basic_auth_password")):

@@ -255,8 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo, estimator=None)
 
     from .proxy import add_parser as add_proxy_parser
+    from .serve import add_parser as add_serve_parser
 
     add_proxy_parser(sub)
+    add_serve_parser(sub)
 
     cfg = sub.add_parser("config", help="print the effective configuration (file + environment)")
     cfg.set_defaults(func=_cmd_config, estimator=None)

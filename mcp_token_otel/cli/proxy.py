@@ -33,7 +33,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
                                   "or the upstream host)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus /metrics on this port (0: any free port, whose URL is printed on stderr)")
+                   help="serve Prometheus /metrics of this proxy's own on this port (0: any free port, whose URL "
+                        "is printed on stderr); stdio default: none, the metrics go to the host store that "
+                        "`mcp-token-otel serve` serves")
     p.add_argument("--metrics-host", default=None, metavar="HOST",
                    help="address for /metrics (default: prometheus.host, 127.0.0.1)")
     p.add_argument("--metrics-required", action="store_true",
@@ -55,8 +57,8 @@ def add_parser(sub: Any) -> None:
                         "in flight and exit before it is stopped (default 30)")
     p.add_argument("--print-client-config", action="store_true",
                    help="stdio: print the mcpServers JSON entry (command, args, env) that makes an MCP client "
-                        "launch COMMAND through this proxy, with /metrics on --metrics-port or a free port, "
-                        "and exit")
+                        "launch COMMAND through this proxy from any directory (absolute paths; the config file "
+                        "and MCP_TOKEN_OTEL_*/OTEL_* variables carried in env), and exit")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"),
                    help="proxy log level on stderr (default warning)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         from ..proxy.stdio import default_name
         from .client_config import print_client_config
 
-        return print_client_config(args, command, args.name or default_name(command))
+        return print_client_config(args, command, args.name or default_name(command), config)
     try:
         if http_mode:
             return _run_http(args, config)
@@ -144,11 +146,14 @@ def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> 
     from ..proxy.stdio import StdioProxy, default_name
 
     name = args.name or default_name(command)
-    metrics = _metrics_servable(args, config)
+    # prometheus.host:port belongs to `mcp-token-otel serve`: a stdio proxy serves /metrics of its own only
+    # with --metrics-port, and otherwise writes into the host store that serve reads.
+    metrics = _metrics_servable(args, config, config_enables=False)
     proxy = StdioProxy(command, name=name, inject=args.inject_trace_context, shutdown_grace=args.shutdown_grace)
     proxy.start()  # the server boots while the measuring process starts
     try:
-        telemetry = _telemetry(args, config, name, metrics=metrics)
+        store = None if metrics else _host_store(config)
+        telemetry = _telemetry(args, config, name, metrics=metrics, host_store=store)
     except BaseException:
         assert proxy.proc is not None
         proxy.proc.kill()
@@ -165,13 +170,13 @@ def _relay(proxy: Transport, telemetry: Any) -> int:
         telemetry.close()
 
 
-def _metrics_servable(args: argparse.Namespace, config: Config) -> bool:
-    """Whether /metrics is to be served (``--metrics-port`` or prometheus.enabled) and can be, checked now.
-    Measuring never stops serving: a port that cannot be bound is one warning and no /metrics, unless
-    ``--metrics-required`` makes it the error it was."""
+def _metrics_servable(args: argparse.Namespace, config: Config, *, config_enables: bool = True) -> bool:
+    """Whether /metrics is to be served (``--metrics-port``, or prometheus.enabled when ``config_enables``) and
+    can be, checked now. Measuring never stops serving: a port that cannot be bound is one warning and no
+    /metrics, unless ``--metrics-required`` makes it the error it was."""
     from ..proxy.telemetry import StartupError, check_port_free
 
-    if args.metrics_port is None and not config.prometheus.enabled:
+    if args.metrics_port is None and not (config_enables and config.prometheus.enabled):
         return False
     port = config.prometheus.port if args.metrics_port is None else args.metrics_port
     try:
@@ -185,10 +190,31 @@ def _metrics_servable(args: argparse.Namespace, config: Config) -> bool:
     return True
 
 
-def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: bool) -> Any:
+def _host_store(config: Config) -> str | None:
+    """The host store directory this proxy writes into (see docs/proxy.md), or None when it cannot be used.
+    When nothing will read its figures (no ``serve`` running, no OTLP endpoint), one line on stderr says so."""
+    from ..emitters.host_store import serve_running, state_dir, usable
+
+    path = state_dir(config.prometheus.state_dir)
+    problem = usable(path)
+    if problem is not None:
+        print(f"{PREFIX}: warning: {problem}; this proxy's metrics go nowhere (set prometheus.state_dir to a "
+              "directory of yours, or give --metrics-port PORT)", file=sys.stderr)
+        return None
+    otlp = any(os.environ.get(v) for v in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"))
+    if serve_running(path) is None and not (otlp or config.otel.configure):
+        print(f"{PREFIX}: note: nothing reads this proxy's metrics: no `mcp-token-otel serve` runs for {path} "
+              "(start it, as a user service: docs/proxy.md; the figures wait there until it does), "
+              "or give --metrics-port PORT, or set OTEL_EXPORTER_OTLP_ENDPOINT", file=sys.stderr)
+    return path
+
+
+def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: bool,
+               host_store: str | None = None) -> Any:
     """The measuring side, in its own process (its CPU time never holds the relay's GIL); with guards on
     (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements.
-    Without ``metrics``, no /metrics whatever the configuration says."""
+    Without ``metrics``, no /metrics whatever the configuration says; with ``host_store``, the metrics go
+    into that directory for ``mcp-token-otel serve``."""
     from ..proxy.guard import proxy_guarded
     from ..proxy.measure_process import RemoteTelemetry
 
@@ -198,9 +224,10 @@ def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: 
     if proxy_guarded(config):
         from ..proxy.telemetry import Telemetry
 
-        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=port, guard=True)
+        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=port, guard=True,
+                         host_store=host_store)
     with _environment(None if metrics else {PROMETHEUS_ENABLED: "false"}):  # the measuring process reads it
-        return RemoteTelemetry(args.config, name, args.metrics_host, port)
+        return RemoteTelemetry(args.config, name, args.metrics_host, port, host_store)
 
 
 #: The variable that turns /metrics off in the measuring process, which loads the configuration itself.

@@ -320,14 +320,16 @@ class RemoteMeasurer:
 class RemoteTelemetry:
     """What a relay needs from the measuring side: its measurer, and an orderly close."""
 
-    def __init__(self, config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None):
-        self.measurer = RemoteMeasurer(measuring_argv(config_path, name, metrics_host, metrics_port))
+    def __init__(self, config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None,
+                 host_store: str | None = None):
+        self.measurer = RemoteMeasurer(measuring_argv(config_path, name, metrics_host, metrics_port, host_store))
 
     def close(self, timeout: float = 10.0) -> None:
         self.measurer.close(timeout)
 
 
-def measuring_argv(config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None) -> list[str]:
+def measuring_argv(config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None,
+                   host_store: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "mcp_token_otel.proxy.measure_process", "--name", name]
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())  # the relay's --log-level
     if level in LOG_LEVELS:
@@ -338,6 +340,8 @@ def measuring_argv(config_path: str | None, name: str, metrics_host: str | None,
         argv += ["--metrics-host", metrics_host]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port)]
+    if host_store is not None:
+        argv += ["--host-store", host_store]
     return argv
 
 
@@ -412,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config")
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--host-store", help="write metrics into this host store directory (mcp-token-otel serve)")
     parser.add_argument("--log-level", default="WARNING", choices=LOG_LEVELS)
     args = parser.parse_args(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -424,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         telemetry = Telemetry(load_config(args.config), args.name, metrics_host=args.metrics_host,
-                              metrics_port=args.metrics_port)
+                              metrics_port=args.metrics_port, host_store=args.host_store)
     except Exception as exc:
         print(f"mcp-token-otel proxy: error: {exc}", file=sys.stderr)
         return 2

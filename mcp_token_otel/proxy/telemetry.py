@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -34,6 +35,18 @@ def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], floa
         "mcp_token_proxy_measurement_dropped_chunks": [((server,), chunks)],
         "mcp_token_proxy_oversize_messages": [((server,), stats.oversize)],
     }
+
+
+def _attach(path: str, server_name: str) -> Any:
+    """This process's share of the host store, or None (said once on stderr) when it cannot be used."""
+    from ..emitters.host_store import StoreError, Writer
+
+    try:
+        return Writer.attach(path, server_name)
+    except (StoreError, OSError) as exc:
+        print(f"mcp-token-otel proxy: warning: {exc}; this proxy's metrics go nowhere (give --metrics-port PORT, "
+              "or set prometheus.state_dir to a directory of yours)", file=sys.stderr, flush=True)
+        return None
 
 
 class _StatsCollector:
@@ -74,12 +87,60 @@ def _otel_counters(stats: ProxyStats) -> None:
                                         description=family.help)
 
 
+class _StatsFiles:
+    """The proxy's own families in the host store's files: :class:`ProxyStats` copied into prometheus-client
+    counters (what changed since the last copy) every second and at close, from a thread of its own."""
+
+    INTERVAL = 1.0
+
+    def __init__(self, stats: ProxyStats) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.stats = stats
+        registry = CollectorRegistry()  # never served: the values live in the files
+        self.counters = {f.name: Counter(f.name, f.help, list(f.labels), registry=registry)
+                         for f in prometheus_families("proxy")}
+        self.copied: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.sync()
+        self._thread = threading.Thread(target=self._run, name="mcp-token-otel-stats", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            self.sync()
+
+    def sync(self) -> None:
+        with self._lock:
+            for name, rows in _stats_rows(self.stats).items():
+                counter = self.counters[name]
+                for values, value in rows:
+                    key = (name, values)
+                    delta = value - self.copied.get(key, 0)
+                    if delta > 0 or key not in self.copied:  # every series exists, at 0 from the start
+                        counter.labels(*values).inc(max(delta, 0))
+                        self.copied[key] = value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sync()
+
+
 class Telemetry:
-    """Everything measuring needs, and its orderly shutdown (flush spans and metrics before exit)."""
+    """Everything measuring needs, and its orderly shutdown (flush spans and metrics before exit).
+
+    ``host_store``: a directory (see :mod:`~mcp_token_otel.emitters.host_store`) where this process writes its
+    metrics for ``mcp-token-otel serve`` to serve, instead of serving /metrics itself."""
 
     def __init__(self, config: Config, server_name: str, *, metrics_host: str | None, metrics_port: int | None,
-                 guard: bool = False):
+                 guard: bool = False, host_store: str | None = None):
         self.configured = False
+        self.writer: Any = None
+        self.stats_files: _StatsFiles | None = None
+        if host_store is not None:
+            self.writer = _attach(host_store, server_name)
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
             from ..emitters.otel_setup import configure_otel
@@ -88,7 +149,12 @@ class Telemetry:
         self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
         self.prometheus: Any = None
-        if metrics_port is not None or config.prometheus.enabled:
+        if self.writer is not None:
+            from ..emitters.prometheus_service import start_prometheus
+
+            self.prometheus = start_prometheus(self.recorder, config.prometheus, serve=False)
+            self.stats_files = _StatsFiles(self.stats)
+        elif metrics_port is not None or config.prometheus.enabled:
             from ..emitters.prometheus_service import start_prometheus
 
             prom = config.prometheus
@@ -122,9 +188,13 @@ class Telemetry:
 
     def close(self, timeout: float = 5.0) -> None:
         self.measurer.close(timeout)
-        self.recorder.close()
+        self.recorder.close()  # sessions still open end here: their utilization and duration are recorded
         if self.prometheus is not None:
             self.prometheus.close()
+        if self.stats_files is not None:
+            self.stats_files.close()
+        if self.writer is not None:
+            self.writer.close()  # this process's figures into the store's archive
         for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
             shutdown = getattr(provider, "shutdown", None)
             if self.configured and callable(shutdown):
