@@ -359,6 +359,9 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
     streams: dict[int, MessageStream] = {}
     measurer = telemetry.measurer
     stats = telemetry.stats
+    # The host store's copy of the proxy's own counts follows each record that can change them, so a
+    # measuring process killed now loses none of what it counted.
+    sync = getattr(telemetry, "sync_stats", None) or (lambda: None)
     while True:
         header = _read_exact(source, HEADER.size)
         if header is None:
@@ -405,6 +408,8 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
         except Exception:  # a fault in measuring never stops it
             stats.faults += 1
             logger.debug("mcp_token_otel proxy: measurement fault", exc_info=True)
+        if op in (DATA, FINISH, DROPPED):
+            sync()
     end = time.time_ns()
     for tracker in trackers.values():  # the relay is gone: open requests end, budgets close
         tracker.close(end)

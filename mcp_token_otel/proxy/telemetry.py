@@ -181,6 +181,11 @@ class Telemetry:
         else:
             self.measurer = Measurer(self.recorder, self.stats)
 
+    def sync_stats(self) -> None:
+        """The proxy's own counts into the host store now (when it writes there)."""
+        if self.stats_files is not None:
+            self.stats_files.sync()
+
     @property
     def metrics_port(self) -> int | None:
         server = self.prometheus.server if self.prometheus is not None else None

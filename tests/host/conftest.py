@@ -100,6 +100,7 @@ class Serve:
     def __init__(self, store: Path, *, env: dict[str, str] | None = None, interval: float = 30.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/metrics"
+        store.parent.mkdir(parents=True, exist_ok=True)
         self.log = store.parent / f"serve-{self.port}.log"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
@@ -161,3 +162,10 @@ def children_of(pid: int) -> list[int]:
                 out.append(int(entry.name))
     return out
 
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie waiting for its reaper counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
