@@ -5,6 +5,7 @@ proxy prints when nothing will read its figures."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -112,7 +113,7 @@ def test_fifteen_proxies_from_three_printed_configs_show_in_one_scrape(tmp_path:
                             group.start_soon(session, configs[client][name], elsewhere, [400, 1200, 2000])
 
         anyio.run(run_all)
-        for before, after in zip(history, history[1:], strict=False):
+        for before, after in itertools.pairwise(history):
             monotonic(before, after)
         scrape = serve.scrape()  # one scrape of one fixed address
         monotonic(history[-1], scrape)
