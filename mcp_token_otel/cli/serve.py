@@ -25,6 +25,9 @@ from ..core.measure import Policy
 PREFIX = "mcp-token-otel serve"
 #: Seconds between compactions when nobody scrapes (each scrape compacts too).
 COMPACT_INTERVAL = 30.0
+#: Threads answering scrapes: a host has a Prometheus or two, and scrapes share renderings (each thread that
+#: ever renders keeps a malloc arena of its own, so fewer threads also mean a smaller resident size).
+SERVE_WORKERS = 4
 
 
 def add_parser(sub: Any) -> None:
@@ -95,6 +98,7 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
             host, port, registry, auth=auth, tls_cert_file=prom.tls_cert_file or None,
             tls_key_file=prom.tls_key_file or None, max_connections=prom.max_connections,
             request_timeout=prom.request_timeout_seconds, render_max_age=prom.render_max_age_seconds,
+            workers=SERVE_WORKERS,
         )
     except (OSError, ValueError) as exc:
         return _fail(f"cannot listen for /metrics on {host}:{port}: {getattr(exc, 'strerror', None) or exc}")
