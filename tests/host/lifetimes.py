@@ -35,7 +35,8 @@ def lines() -> tuple[bytes, bytes]:
     down.append({"jsonrpc": "2.0", "id": 0, "result": {
         "protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}}})
     for i, size in ((1, 400), (2, 1200)):
-        up.append({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": {"name": "big", "arguments": {"n": size}}})
+        up.append({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                   "params": {"name": "big", "arguments": {"n": size}}})
         down.append({"jsonrpc": "2.0", "id": i, "result": {"content": [{"type": "text", "text": "x" * size}]}})
     return tuple(b"".join(json.dumps(m).encode() + b"\n" for m in side) for side in (up, down))  # type: ignore[return-value]
 
