@@ -9,8 +9,9 @@ that can be taken marks a process that is gone, whatever became of its pid.
 
 ``mcp-token-otel serve`` (:mod:`.host_collector`) merges the files on each scrape. The files of processes that
 are gone are compacted into one archive file per type (``counter_archive.db``...): counters, histograms and
-``sum`` gauges added up, ``live*`` gauges dropped (a process that is gone has no live sessions), other gauges
-(``max``: tool definitions, rate budgets) kept at the value of the last process that wrote them. A measuring
+``sum`` gauges added up, ``livesum`` gauges kept at 0 (a process that is gone has no live sessions, and a
+series seen once stays), other live gauges dropped, other gauges (``max``: tool definitions, rate budgets) kept
+at the value of the last process that wrote them. A measuring
 process compacts its own files when it ends, so the directory holds the live processes' files and the
 archive, with or without ``serve`` running. Compaction and scrape rendering take one exclusive lock
 (``.compact.lock``), so a scrape never sees a figure twice or not at all; a journal makes a compaction that
@@ -28,7 +29,6 @@ import logging
 import os
 import re
 import secrets
-import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -416,6 +416,3 @@ def usable(path: str) -> str | None:
         return str(exc)
     return None
 
-
-def platform_supported() -> bool:
-    return fcntl is not None and sys.platform != "win32"

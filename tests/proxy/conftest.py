@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,8 @@ def proxy_env(otlp_port: int | None = None, **extra: str) -> dict[str, str]:
     """The proxy's environment: this checkout first on PYTHONPATH, chars/4 estimates, OTLP to the receiver."""
     env = {
         "PYTHONPATH": str(ROOT),
+        # stdio proxies write into a host store: the tests' own, not the developer's (~/.local/state)
+        "XDG_STATE_HOME": os.path.join(tempfile.gettempdir(), f"mcp-token-otel-tests-{os.getuid()}"),
         "MCP_TOKEN_OTEL_ESTIMATOR": "chars/4",
         "OTEL_METRIC_EXPORT_INTERVAL": "3600000",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
