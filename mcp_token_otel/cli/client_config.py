@@ -95,6 +95,9 @@ def print_client_config(args: argparse.Namespace, command: list[str], name: str,
     print(json.dumps(entry, indent=2))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    (carried,) = (e["env"] for e in entry["mcpServers"].values())
+    if carried:  # values may be credentials (OTEL_EXPORTER_OTLP_HEADERS): the names only, here
+        print(f"env carries {', '.join(carried)} from this shell", file=sys.stderr)
     if args.metrics_port is not None:
         host = args.metrics_host or "127.0.0.1"
         shown = f"[{host}]" if ":" in host else host
@@ -106,8 +109,8 @@ def print_client_config(args: argparse.Namespace, command: list[str], name: str,
     running = serve_running(path) if os.path.isdir(path) else None
     shown = f"[{prom.host}]" if ":" in prom.host else prom.host
     where = (running or {}).get("url") or f"http://{shown}:{prom.port}/metrics"
-    status = "running" if running is not None else "not running: start it with `mcp-token-otel serve` or as a " \
-                                                    "user service (docs/proxy.md)"
+    status = "it runs" if running is not None else \
+        "it is not running: start it (`mcp-token-otel serve`, or as a user service: docs/proxy.md)"
     print(f"add this entry to your MCP client's configuration; the proxy's metrics go to {path}, served by "
-          f"`mcp-token-otel serve` at {where} ({status})", file=sys.stderr)
+          f"`mcp-token-otel serve` at {where}; {status}", file=sys.stderr)
     return 0
