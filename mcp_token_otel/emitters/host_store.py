@@ -76,6 +76,8 @@ def prepare(path: str) -> str:
     if fcntl is None:
         raise StoreError("the host metrics store needs POSIX file locks (Linux, macOS)")
     path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StoreError(f"cannot keep metrics in {path}: not a directory")
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         info = os.stat(path)
