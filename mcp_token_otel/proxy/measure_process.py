@@ -8,10 +8,10 @@ gathers records for FLUSH_DELAY and writes them in one non-blocking write, with 
 is full; what does not fit is forwarded but counted as dropped.
 
 The measuring process (``python -m mcp_token_otel.proxy.measure_process``) owns the recorder, the
-OTLP exporters and ``/metrics`` (or, ``--host-store``, its files in the host store that ``mcp-token-otel serve``
-serves, moved into the store's archive as it ends); it reads records from its stdin and ends, after flushing, at EOF (the relay
-process exiting, even by SIGKILL, closes the pipe). It ignores SIGINT/SIGTERM: a Ctrl-C reaches the whole
-process group, and the relay process decides when measuring ends.
+OTLP exporters and ``/metrics`` (or, ``--host-store``, its files in the host store that ``mcp-token-otel
+serve`` serves, moved into the store's archive as it ends); it reads records from its stdin and ends, after
+flushing, at EOF (the relay process exiting, even by SIGKILL, closes the pipe). It ignores SIGINT/SIGTERM: a
+Ctrl-C reaches the whole process group, and the relay process decides when measuring ends.
 
 Record: ``<B I I Q`` (op, id, payload length, time in ns) then the payload.
 """

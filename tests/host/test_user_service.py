@@ -95,3 +95,25 @@ def test_the_service_files_say_how_to_install_them(path: Path) -> None:
     text = path.read_text()
     assert ("systemctl --user" in text) if path is UNIT else ("launchctl bootstrap" in text)
     assert "XDG_STATE_HOME" in text or path is AGENT
+
+
+def test_serve_takes_the_metrics_servers_basic_auth(tmp_path: Path) -> None:
+    """On a host shared with other users, the address is reachable by them: serve applies prometheus.*'s basic
+    auth as any /metrics server here does."""
+    import base64
+    import urllib.error
+
+    from .conftest import Serve
+
+    serve = Serve(tmp_path / "metrics", env=child_env(MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_USERNAME="me",
+                                                      MCP_TOKEN_OTEL_PROMETHEUS_BASIC_AUTH_PASSWORD="s3cret"))
+    try:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(serve.url, timeout=10)
+        assert refused.value.code == 401
+        request = urllib.request.Request(serve.url, headers={
+            "Authorization": "Basic " + base64.b64encode(b"me:s3cret").decode()})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        serve.stop()
