@@ -108,6 +108,11 @@ class Family:
     otel_attributes: tuple[str, ...] = ()
 
     @property
+    def key(self) -> str:
+        """The family's one name in this project: the Prometheus name, else the OpenTelemetry instrument's."""
+        return self.name or self.otel_name
+
+    @property
     def sample_name(self) -> str:
         """The name of the family's plain samples (counters take ``_total``)."""
         return f"{self.name}_total" if self.kind == "counter" else self.name
@@ -123,8 +128,10 @@ _TIER = ("side", "server", "method", "tool", "risk_tier")
 _OPERATION = ("side", "server", "method", "tool")
 _CALL = (*_OPERATION, "error_type")
 _SESSION = ("side", "server")
-_CONVENTION_CALL = ("server", "method", "tool", "error_type", "transport", "protocol")
-_CONVENTION_SESSION = ("server", "transport", "protocol")
+#: The MCP conventions' instruments: their own attributes, and this project's side where the instrument's name does
+#: not say it (the proxy's points, in the client instruments).
+_CONVENTION_CALL = ("side", "server", "method", "tool", "error_type", "transport", "protocol")
+_CONVENTION_SESSION = ("side", "server", "transport", "protocol")
 
 FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_message_tokens", "histogram", "tokens",

@@ -47,7 +47,8 @@ from ..config import Config
 from ..core.guard import META_GUARD_KEY
 from ..core.measure import Measurement
 from ..core.risk import RISK_TIERS
-from ..emitters.sink import BaseSink, CallInfo
+from ..emitters.aggregate import Aggregate
+from ..recorder import Call
 
 #: Tools and how often an agent calls them.
 TOOL_WEIGHTS: dict[str, int] = {
@@ -80,26 +81,31 @@ class ToolStats:
     calls: int = 0
 
 
-class DemoStats(BaseSink):
-    """A recorder metrics sink keeping exact per-tool figures for the printed summary.
+class DemoStats:
+    """Exact per-tool figures for the printed summary, from the recorder's finished calls; session figures from its
+    aggregate (server side).
 
     Per tool: the tools/call results as the agents received them (client side), so sizes are what entered the
     context, after any guard's cut; a call a guard refused is counted as refused, not as the tool's error, and
-    its refusal text is not a result size. Sessions and unbudgeted tokens: server side."""
+    its refusal text is not a result size."""
 
-    def __init__(self) -> None:
+    def __init__(self, aggregate: Aggregate) -> None:
         self.tools: dict[str, ToolStats] = {}
-        self.transitions: Counter[str] = Counter()
-        self.sessions_ended = 0
-        self.unbudgeted = 0
-        self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
+        self._aggregate = aggregate
         #: Refusals whose result the agent has not received yet, per tool (a guard refuses before answering).
         self._refusals: Counter[str] = Counter()
 
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str
-    ) -> None:
-        if side != "client" or direction != "output" or method != "tools/call" or tool is None:
+    def on_call(self, call: Call, m: Measurement) -> None:
+        """A recorder listener: every call's answer, once recorded."""
+        tool = call.tool
+        if call.method != "tools/call" or tool is None:
+            return
+        if call.side == "server":
+            if call.refusal is not None:  # the server's guard refused it: the agent's result is the refusal
+                self.tools.setdefault(tool, ToolStats()).refused += 1
+                self._refusals[tool] += 1
+            return
+        if call.side != "client":
             return
         stats = self.tools.setdefault(tool, ToolStats())
         stats.calls += 1
@@ -111,25 +117,29 @@ class DemoStats(BaseSink):
         stats.tiers[m.risk_tier] += 1
         stats.errors += m.error_type is not None
 
-    def record_guard_action(
-        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
-    ) -> None:
-        if action == "refused" and enforced and tool is not None:  # observe mode refuses nothing
-            self.tools.setdefault(tool, ToolStats()).refused += 1
-            self._refusals[tool] += 1
+    def _server_sum(self, name: str, last: str | None = None) -> float:
+        """The server side's total of a family (its series whose last label is ``last``, when given)."""
+        return sum(value for labels, value in self._aggregate.values(name)
+                   if labels[0] == "server" and (last is None or labels[-1] == last))
 
-    def record_transition(self, side: str, state: str, server: str) -> None:
-        if side == "server":
-            self.transitions[state] += 1
+    @property
+    def transitions(self) -> Counter[str]:
+        return Counter({state: int(self._server_sum("mcp_token_session_transitions", state))
+                        for state in ("warning", "exhausted")})
 
-    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
-        if side == "server":
-            self.sessions_ended += 1
-            self._utilization_sum += utilization
+    @property
+    def sessions_ended(self) -> int:
+        return sum(count for s, _b, _sum, count in self._aggregate.hists("mcp_token_session_utilization_ratio")
+                   if s.labels[0] == "server")
 
-    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
-        if side == "server":
-            self.unbudgeted += tokens
+    @property
+    def unbudgeted(self) -> int:
+        return int(self._server_sum("mcp_token_unbudgeted_tokens"))
+
+    @property
+    def _utilization_sum(self) -> float:
+        return sum(total for s, _b, total, _c in self._aggregate.hists("mcp_token_session_utilization_ratio")
+                   if s.labels[0] == "server")
 
     def table(self) -> str:
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
@@ -364,8 +374,8 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
     recorder = shim.instrument(config)
     if recorder is None:
         raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
-    stats = DemoStats()
-    recorder.add_sink(stats)
+    stats = DemoStats(recorder.aggregate)
+    recorder.listeners.append(stats.on_call)
     try:
         service = shim.prometheus_service()
         if service is None or service.server is None:
@@ -403,7 +413,6 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
                     http.should_exit = True
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
-            recorder.flush()  # a user sink runs off the call path: replay what is still queued
             print("\nfinal summary (tools/call results as the agents received them; sessions: server side):", file=out)
             print(stats.table(), file=out, flush=True)
         return stats

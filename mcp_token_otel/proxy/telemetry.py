@@ -6,15 +6,14 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import metrics, trace
 
-from ..catalog import Family, otel_families, prometheus_families
+from ..catalog import FAMILIES
 from ..config import Config
 from ..recorder import TokenRecorder
-from ..semconv import SCOPE_NAME
 from .jsonrpc import Measurer, ProxyStats
 from .startup import StartupError, check_port_free
 
@@ -36,42 +35,14 @@ def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], floa
     }
 
 
-class _StatsCollector:
-    """The catalog's ``mcp_token_proxy_*`` families, read from :class:`ProxyStats` at scrape time (nothing on
-    the relay path)."""
+def _read_stats(recorder: TokenRecorder, stats: ProxyStats) -> None:
+    """The catalog's proxy families, read from ``stats`` at collection (nothing on the relay path)."""
+    def reader(name: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        return lambda: _stats_rows(stats)[name]
 
-    def __init__(self, stats: ProxyStats) -> None:
-        self.stats = stats
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.metrics_core import Metric
-        from prometheus_client.samples import Sample
-
-        rows = _stats_rows(self.stats)
-        for family in prometheus_families("proxy"):
-            metric = Metric(family.name, family.help, family.kind)
-            metric.samples += [Sample(family.sample_name, dict(zip(family.labels, values, strict=True)), value)
-                               for values, value in rows[family.name]]
-            yield metric
-
-
-def _otel_counters(stats: ProxyStats) -> None:
-    """The catalog's OpenTelemetry instruments of the proxy, observed from ``stats`` at collection."""
-    meter = metrics.get_meter(SCOPE_NAME)
-
-    def observer(family: Family) -> Callable[[Any], Iterable[metrics.Observation]]:
-        def observe(_options: Any) -> Iterable[metrics.Observation]:
-            for values, value in _stats_rows(stats)[family.name]:
-                yield metrics.Observation(value, dict(zip(family.attributes(), values, strict=True)))
-
-        return observe
-
-    for family in otel_families("proxy"):
-        meter.create_observable_counter(family.otel_name, [observer(family)], unit=family.otel_unit,
-                                        description=family.help)
+    for family in FAMILIES:
+        if family.emitter == "proxy":
+            recorder.aggregate.read_with(family.key, reader(family.key))
 
 
 class Telemetry:
@@ -87,6 +58,7 @@ class Telemetry:
             self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME)
         self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
+        _read_stats(self.recorder, self.stats)
         self.prometheus: Any = None
         if metrics_port is not None or config.prometheus.enabled:
             from ..emitters.prometheus_service import start_prometheus
@@ -103,11 +75,6 @@ class Telemetry:
                 print(where, file=sys.stderr, flush=True)
             else:
                 logger.info(where)
-            self.prometheus.registry.register(_StatsCollector(self.stats))
-        try:
-            _otel_counters(self.stats)
-        except Exception:
-            logger.debug("mcp_token_otel proxy: no OTel proxy counters", exc_info=True)
         if guard:  # guards act on the relay path: measured there, at once (guard.py)
             from .guard import GuardMeasurer
 

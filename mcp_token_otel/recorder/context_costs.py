@@ -34,9 +34,10 @@ from ..core.profiles import (
     profile_tool_definition,
     sum_parts,
 )
-from .fanout import SinkFanout
+from ..emitters.aggregate import Aggregate
 
 if TYPE_CHECKING:
+    from .labels import LabelBounds
     from .ledger import SessionMeta
 
 #: Recent call digests kept per session, and tools with a repeated call awaiting its response.
@@ -104,12 +105,22 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
 
 
 class ContextCosts:
-    """Prompt-cache churn and wasted tokens per session, reported through the sink fan-out."""
+    """Prompt-cache churn and wasted tokens per session, counted in the aggregate."""
 
-    def __init__(self, repeat_window: float, fanout: SinkFanout, fault: Any) -> None:
+    def __init__(self, repeat_window: float, aggregate: Aggregate, labels: LabelBounds, fault: Any) -> None:
         self.window = repeat_window
-        self._fanout = fanout
+        self._aggregate = aggregate
+        self._labels = labels
         self._fault = fault
+
+    def _wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        """Wasted output tokens of a tool, under its bounded label (admitted by the response just recorded)."""
+        try:
+            label = self._labels.tool_names(tool, False)
+        except Exception:
+            self._fault("metrics")
+            return
+        self._aggregate.add("mcp_token_wasted_tokens", (side, server, label or "", kind), tokens)
 
     def call(self, meta: SessionMeta, tool: str | None, params: Any) -> None:
         """A tools/call request: one digest of its tool and arguments; a repeat within the window is noted for
@@ -145,11 +156,11 @@ class ContextCosts:
             left = repeats.pop(tool) - 1
             if left:
                 repeats[tool] = left
-            self._fanout.wasted(side, server, tool, "repeated", tokens)
+            self._wasted(side, server, tool, "repeated", tokens)
         if len(m.blocks) > 1:
             for block in m.blocks:
                 if block.type == "structuredContent" and block.overhead_tokens:  # a duplicate is all overhead
-                    self._fanout.wasted(side, server, tool, "duplicated", min(block.overhead_tokens, tokens))
+                    self._wasted(side, server, tool, "duplicated", min(block.overhead_tokens, tokens))
 
     def tool_list(self, meta: SessionMeta | None, side: str, server: str, listed: ToolList) -> None:
         """A tools/list result in a session: a change against the session's previous list is counted. Only a
@@ -161,7 +172,8 @@ class ContextCosts:
             return
         previous, meta.tools_digest = meta.tools_digest, listed.digest
         if previous is not None and previous != listed.digest:
-            self._fanout.prompt_cache_invalidation(side, server, listed.total)
+            self._aggregate.add("mcp_token_prompt_cache_invalidations", (side, server))
+            self._aggregate.add("mcp_token_prompt_cache_resent_tokens", (side, server), listed.total)
 
 
 def _prune(recent: dict[int, float], oldest: float) -> None:

@@ -2,26 +2,28 @@
 
 Request-side guards may answer a call in the tool's place; result-side guards may change what is delivered
 (truncation, padding notices) and say what enters the context. Each action becomes a span event and a
-``record_guard_action`` point; the estimated price of a result (``guard.model``) a ``record_cost`` point.
+``mcp_token_guard_actions`` count; the estimated price of a result (``guard.model``) a ``mcp_token_cost_usd`` one.
 Never raises: a fault is counted (stage ``guard``) and the call goes on unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
 from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from ..core.guard.settings import GuardSettings
 from ..core.measure import Measurement, Policy
+from ..emitters.aggregate import Aggregate
 from ..semconv import EVENT_GUARD
-from .fanout import SinkFanout
 from .labels import LabelBounds
 from .ledger import SessionLedger, Side
-from .response import Response
 from .spans import enabled
+
+if TYPE_CHECKING:
+    from .call import Call
 
 #: (side, server, tool) triples whose guard series were started at 0; cleared past this many.
 _MAX_TOUCHED = 10_000
@@ -46,7 +48,7 @@ class GuardOrchestrator:
         settings: GuardSettings,
         policy: Policy,
         max_sessions: int,
-        parts: tuple[SessionLedger, LabelBounds, SinkFanout],
+        parts: tuple[SessionLedger, LabelBounds, Aggregate, Callable[[str], None]],
     ) -> None:
         self.engine = GuardEngine(settings, policy, max_sessions=max_sessions)
         #: False when no guard mode is on anywhere: adapters skip every guard step (one bool check).
@@ -54,8 +56,7 @@ class GuardOrchestrator:
         self.sides = frozenset(settings.sides)
         #: Cost is observability: computed whenever guard.model is set, guard on or off.
         self.cost_on = bool(settings.model)
-        self._ledger, self._labels, self._fanout = parts
-        self._fault: Callable[[str], None] = self._fanout.fault
+        self._ledger, self._labels, self._aggregate, self._fault = parts
         #: The refusal and padding policies switched on: their series start at 0 per (side, server, tool).
         self._zero: tuple[str, ...] = tuple(
             name for name, on in (
@@ -91,22 +92,22 @@ class GuardOrchestrator:
                 self.signals(span, side, decision.actions, None, label)
         return None if decision.allow else decision.result
 
-    def result(self, r: Response, m: Measurement) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
-        """The result-side guards on a measured result: (result to deliver, actions, tokens entering the
+    def result(self, call: Call, result: Any, m: Measurement) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
+        """The result-side guards on a call's measured result: (result to deliver, actions, tokens entering the
         context, cost). A fault delivers the result unchanged."""
         try:
             outcome = self.engine.on_result(
-                r.method,
-                r.result,
-                tool=r.tool_name,
-                arguments=r.arguments,
-                budget=self._ledger.budget(r.side, r.session_id),
+                call.method,
+                result,
+                tool=call.tool,
+                arguments=call.arguments,
+                budget=self._ledger.budget(call.side, call.key),
                 measurement=m,
-                session_id=_rate_key(r.side, r.session_id) if r.session_id is not None else None,  # its calls
+                session_id=_rate_key(call.side, call.key) if call.key is not None else None,  # its calls
             )
         except Exception:
             self._fault("guard")
-            return r.result, (), m.total_tokens, self.cost(m.total_tokens)
+            return result, (), m.total_tokens, self.cost(m.total_tokens)
         tokens = outcome.context_tokens if outcome.context_tokens is not None else m.total_tokens
         return outcome.result, outcome.actions, tokens, outcome.cost_usd
 
@@ -150,14 +151,15 @@ class GuardOrchestrator:
             except Exception:
                 self._fault("metrics")
                 continue
-            self._fanout.guard_action(side, server, action.policy, action.action, action.enforced, tool)
+            self._aggregate.add("mcp_token_guard_actions", (side, server, action.policy, action.action,
+                                                            "true" if action.enforced else "false", tool or ""))
         if cost is not None:
             try:
                 tool = tool_names(cost[0], False)
             except Exception:
                 self._fault("metrics")
                 return
-            self._fanout.cost(side, server, tool, cost[1])
+            self._aggregate.add("mcp_token_cost_usd", (side, server, tool or ""), cost[1])
 
     def _series(self, side: Side, server: str, params: Any) -> None:
         """A tool's first guarded call (per side and server): its refusal and padding series start at 0, so that
@@ -176,9 +178,10 @@ class GuardOrchestrator:
             tp = self.engine.tool_policy(name)
             if not tp.active:
                 return
-            series = [(p, "found" if p == "padding" else "refused", tp.enforce) for p in self._zero
-                      if p != "padding" or tp.padding]
+            for policy in self._zero:
+                if policy != "padding" or tp.padding:
+                    action = "found" if policy == "padding" else "refused"
+                    self._aggregate.touch("mcp_token_guard_actions", (side, server, policy, action,
+                                                                      "true" if tp.enforce else "false", tool or ""))
         except Exception:
             self._fault("metrics")
-            return
-        self._fanout.touch_guard(side, server, tool, series)

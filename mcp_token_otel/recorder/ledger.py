@@ -25,8 +25,8 @@ from ..semconv import A_TRANSPORT
 Side = Literal["client", "server", "proxy"]
 SIDES: tuple[Side, ...] = ("client", "server", "proxy")
 
-#: A message's metric point held back: side, method, tool, direction, measurement, budget update.
-Held = tuple[Side, str, "str | None", str, Measurement, "BudgetUpdate | None"]
+#: A naming request's metric point held back until its answer names the server: side, method, tool, measurement.
+Held = tuple[Side, str, "str | None", Measurement]
 #: A session's end reported after the lock: side, final utilization, its metadata, why (ended, idle, evicted).
 Ended = tuple[Side, float, "SessionMeta | None", str]
 #: Live sessions per (side, server label) past which session_states() stops remembering pairs to keep at 0.
@@ -41,14 +41,16 @@ class SessionMeta:
     """What the recorder keeps per live session for its metrics: when it began, which server it is, and the
     little its context costs need (see context_costs.py), all of it let go of with the session."""
 
-    __slots__ = ("pending", "protocol", "recent", "repeats", "server", "started", "tools_digest", "tools_paged",
-                 "transport")
+    __slots__ = ("label", "pending", "protocol", "recent", "repeats", "server", "started", "tools_digest",
+                 "tools_paged", "transport")
 
     def __init__(self, server: str | None, transport: str | None) -> None:
         self.started = time.monotonic()
         self.server = server
         self.transport = transport
         self.protocol: str | None = None
+        #: The session's bounded ``server`` label, once computed (cleared when the session learns its server).
+        self.label: str | None = None
         #: A client's initialize request, recorded once its result names the server (see record_input).
         self.pending: Held | None = None
         #: Digest of the last tools/list's tools (prompt-cache churn), and whether more pages of it follow.
@@ -133,7 +135,7 @@ class SessionLedger:
             except KeyError:  # ended meanwhile on another thread: this message still has its context
                 return meta
             if server and meta.server is None:
-                meta.server = server
+                meta.server, meta.label = server, None
             if attributes and meta.transport is None:
                 meta.transport = attributes.get(A_TRANSPORT)
             return meta

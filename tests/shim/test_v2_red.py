@@ -14,16 +14,15 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.catalog import DURATION_BUCKETS
 from mcp_token_otel.core.profiles import tool_definition_tokens
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.semconv import SCHEMA_URL
 
 from ..support import mcp_version
+from ..support import scrape as scrape_recorder
 from .conftest import Otel, make_config, named
 
 SERVER = "red-demo"
@@ -56,21 +55,15 @@ def make_server(name: str = SERVER) -> MCPServer:
 
 
 @pytest.fixture
-def red(otel: Otel) -> Iterator[tuple[TokenRecorder, PrometheusMetrics]]:
+def red(otel: Otel) -> Iterator[tuple[TokenRecorder, TokenRecorder]]:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink, inline=True)
-    yield recorder, sink
+    yield recorder, recorder
     uninstrument()
 
 
-def scrape(sink: PrometheusMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
+def scrape(recorder: TokenRecorder) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return scrape_recorder(recorder).samples
 
 
 def pick(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> list[tuple[dict, float]]:
@@ -103,7 +96,7 @@ def run_script(server: MCPServer | None = None) -> str:
     return anyio.run(main)
 
 
-Red = tuple[TokenRecorder, PrometheusMetrics]
+Red = tuple[TokenRecorder, TokenRecorder]
 
 
 def test_operation_duration_in_the_conventions_buckets(otel: Otel, red: Red) -> None:
