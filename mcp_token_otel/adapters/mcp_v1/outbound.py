@@ -109,6 +109,7 @@ class Outbound:
             request, data, params = self._chain(request, data, method, params)
         call = rec.begin(side, method, params, key, version=info.protocol_version)
         call.span = span
+        call.transport = info.transport
         answer = None
         if rec.guard_active and call.guard() is not None:  # the budget as it stands: before this request counts
             answer = self._refusal(result_type, call.refusal)
