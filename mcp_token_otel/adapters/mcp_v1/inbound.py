@@ -22,7 +22,7 @@ from ...core.protocol import wire_dict
 from ...recorder import Call
 from ...semconv import call_attributes, span_name
 from .._common import MARK, argument, detach, extract_parent
-from ..budget_keys import ServerFacts
+from ..key_facts import ServerFacts
 from .sessions import (
     DEPTH,
     SessionInfo,

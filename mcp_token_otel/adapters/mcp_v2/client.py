@@ -28,7 +28,7 @@ from ...core.protocol import is_modern, request_version
 from ...recorder import Side
 from ...semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from .._common import is_mcp_span
-from ..budget_keys import ClientFacts, with_conversation_baggage
+from ..key_facts import ClientFacts, with_conversation_baggage
 from . import context as cx
 
 if TYPE_CHECKING:
