@@ -22,12 +22,12 @@ from ..measure import DEFAULT_POLICY, Measurement, Policy, measure_result
 from ..risk import tier_of
 from . import notices
 from .annotate import META_GUARD_KEY, annotate
+from .cap import cap_result
 from .cost import cost_usd
 from .limits import RateLimiter, chain_depth
 from .padding import PaddingFinding, scan_text, strip_invisible
 from .pagination import Pagination
 from .settings import GuardSettings, ToolPolicy, resolve_tool
-from .truncate import cap_result
 
 #: Policy names (the ``policy`` label of the guard counters).
 RESPONSE_CAP = "response_cap"

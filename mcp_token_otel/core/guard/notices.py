@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .report import CapReport
+
 if TYPE_CHECKING:
     from .padding import PaddingFinding
-    from .truncate import CapReport
 
 PREFIX = "mcp-token-otel"
 #: Starts every note appended after a result's content: a client that joins text blocks without a separator
