@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mcp_token_otel.core import estimation, payload
+from mcp_token_otel.core import estimation, measurement, payload
 from mcp_token_otel.core import measure as measure_module
 from mcp_token_otel.core.budget import SessionBudget
 from mcp_token_otel.core.estimation import estimate_tokens
@@ -153,7 +153,7 @@ def test_random_results_match_the_general_rules(seed: int) -> None:
 
 
 def test_the_common_result_takes_the_fast_path() -> None:
-    b = measure_module._Builder(DEFAULT_POLICY)
+    b = measurement.Builder(DEFAULT_POLICY)
     assert measure_module._single_text(b, _results()[0]) is True
     assert [blk.type for blk in b.blocks] == ["text", "structuredContent"]
 
