@@ -2,8 +2,8 @@
 and prompts (every page), as the wire dicts the server sent.
 
 Used by the ``profile``, ``lock`` and ``check`` commands. mcp 2.x goes through ``mcp.Client`` (initialize
-handshake, or the 2026 discovery where the server speaks it); mcp 1.x through ``ClientSession``. Results
-are read as raw dicts, not SDK models, so fields an SDK version does not model are kept.
+handshake, or the 2026 discovery where the server speaks it: :mod:`.v2`); mcp 1.x through ``ClientSession``
+(:mod:`.v1`). Results are read as raw dicts, not SDK models, so fields an SDK version does not model are kept.
 
 Every failure becomes a :class:`DiscoveryError` with a one-line message (the last line the server wrote
 on stderr, for a stdio server that died); the whole exchange runs under one timeout.
@@ -15,67 +15,24 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
 
-from ..core.redact import header_secrets, redact_url, scrub, secrets_in_text
+from ...core.redact import scrub
+from .target import Discovery, DiscoveryError, Fetch, Notes, Target
+from .v1 import open_v1
+from .v2 import open_v2
+
+__all__ = ["DEFAULT_TIMEOUT", "MAX_PAGES", "Discovery", "DiscoveryError", "Target", "discover"]
 
 logger = logging.getLogger(__name__)
 
 #: More pages than this for one list is taken as a server looping on its cursor.
 MAX_PAGES = 1000
 DEFAULT_TIMEOUT = 30.0
-
-
-class DiscoveryError(RuntimeError):
-    """Connecting to a server or listing what it offers failed; the message is one line."""
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """A server to connect to: a streamable HTTP ``url`` (with ``headers``) or a stdio ``command``."""
-
-    url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    command: Sequence[str] = ()
-    #: Environment of a stdio server; None inherits this process's environment, as a shell would.
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.url is None) == (not self.command):
-            raise ValueError("a target is either a url or a stdio command")
-
-    @property
-    def label(self) -> str:
-        """The target in messages: a URL without its credentials, or the command line."""
-        return redact_url(self.url) if self.url is not None else " ".join(self.command)
-
-    def secrets(self) -> set[str]:
-        """What must never be shown: the URL's credentials, credential headers' values (and the command's URLs')."""
-        found = secrets_in_text(self.url or " ".join(self.command))
-        for name, value in self.headers.items():
-            found |= header_secrets(f"{name}: {value}")
-        return found
-
-
-@dataclass(frozen=True, slots=True)
-class Discovery:
-    """What one server lists, in the order it listed it."""
-
-    server_name: str
-    server_version: str
-    protocol_version: str
-    tools: tuple[dict[str, Any], ...] = ()
-    resources: tuple[dict[str, Any], ...] = ()
-    resource_templates: tuple[dict[str, Any], ...] = ()
-    prompts: tuple[dict[str, Any], ...] = ()
 
 
 # (method, key of the items in its result, capability that announces it)
@@ -86,20 +43,6 @@ _LISTS = (
     ("prompts/list", "prompts", "prompts"),
 )
 _METHOD_NOT_FOUND = -32601
-
-@dataclass(slots=True)
-class Notes:
-    """What the transports saw that the SDK's errors leave out: the last HTTP error status."""
-
-    http_status: int | None = None
-
-    async def on_response(self, response: Any) -> None:  # an httpx event hook
-        if response.status_code >= 400:
-            self.http_status = response.status_code
-
-
-#: A page fetcher: (method, cursor) -> the raw result dict.
-Fetch = Callable[[str, str | None], Awaitable[dict[str, Any]]]
 
 
 def discover(target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> Discovery:
@@ -173,12 +116,8 @@ async def _discover(target: Target, timeout: float, errlog: TextIO, notes: Notes
                 modern = hasattr(mcp, "Client")
             except ImportError as exc:  # pragma: no cover - mcp is a dependency
                 raise DiscoveryError(f"the mcp package is not installed: {exc}") from None
-            if modern:
-                info, capabilities, fetch = await _open_v2(stack, target, errlog, notes)
-            else:
-                from .discovery_v1 import open_v1
-
-                info, capabilities, fetch = await open_v1(stack, target, errlog, notes)
+            opener = open_v2 if modern else open_v1
+            info, capabilities, fetch = await opener(stack, target, errlog, notes)
             lists: dict[str, tuple[dict[str, Any], ...]] = {}
             for method, key, capability in _LISTS:
                 announced = capabilities.get(capability) is not None
@@ -216,49 +155,6 @@ async def _list_all(fetch: Fetch, method: str, key: str) -> list[dict[str, Any]]
             raise DiscoveryError(f"{method}: the server repeated the cursor {cursor!r}")
         seen.add(cursor)
     raise DiscoveryError(f"{method}: more than {MAX_PAGES} pages")
-
-
-def stdio_params(params_type: Any, target: Target) -> Any:
-    command, *args = target.command
-    env = dict(os.environ) if target.env is None else dict(target.env)
-    return params_type(command=command, args=list(args), env=env, cwd=target.cwd)
-
-
-async def _open_v2(
-    stack: AsyncExitStack, target: Target, errlog: TextIO, notes: Notes
-) -> tuple[dict[str, Any], dict[str, Any], Fetch]:
-    from mcp import Client, types
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
-    from pydantic import TypeAdapter
-
-    if target.url is not None:
-        http = await stack.enter_async_context(create_mcp_http_client(headers=dict(target.headers)))
-        http.event_hooks["response"].append(notes.on_response)
-        transport: Any = streamable_http_client(target.url, http_client=http)
-    else:
-        transport = stdio_client(stdio_params(StdioServerParameters, target), errlog=errlog)
-    # No response cache: every page comes from the server.
-    client = await stack.enter_async_context(Client(transport, cache=None))
-    # Every field the server sent, as a plain dict (the SDK's annotation asks for a model; any type validates).
-    raw: TypeAdapter[Any] = TypeAdapter(dict[str, Any])
-    requests = {
-        "tools/list": types.ListToolsRequest,
-        "resources/list": types.ListResourcesRequest,
-        "resources/templates/list": types.ListResourceTemplatesRequest,
-        "prompts/list": types.ListPromptsRequest,
-    }
-
-    async def fetch(method: str, cursor: str | None) -> dict[str, Any]:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        return await client.session.send_request(requests[method](params=params), raw)
-
-    info = client.server_info
-    server = info.model_dump(by_alias=True, exclude_none=True) if info is not None else {}
-    server["protocolVersion"] = client.protocol_version
-    caps = client.server_capabilities.model_dump(by_alias=True, exclude_none=True)
-    return server, caps, fetch
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,4 +1,4 @@
-"""The mcp 1.x side of :mod:`.discovery`: ``ClientSession`` with an explicit initialize, raw results.
+"""Discovery on mcp 1.x: ``ClientSession`` with an explicit initialize, raw results.
 
 Type-checked against whichever SDK major is installed (see the mypy override in pyproject.toml).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 from typing import Any, TextIO
 
-from .discovery import Fetch, Notes, Target, stdio_params
+from .target import Fetch, Notes, Target, stdio_params
 
 
 async def open_v1(
