@@ -71,7 +71,7 @@ class BudgetConfig:
     exhaustion_ratio: float = field(default=DEFAULT_EXHAUSTION_RATIO, metadata=_RATIO)
     max_sessions: int = field(default=10_000, metadata=_POSITIVE_INT)
     #: Seconds without traffic after which a budget ends (its utilization observed once); the only end of a
-    #: budget keyed by anything but a connection. ``budget.idle_timeout_seconds`` is accepted as another name.
+    #: budget keyed by anything but a connection.
     idle_timeout: float = field(default=1800.0, metadata=_POSITIVE)
     #: What a message's budget is keyed by: the first source present (core/budget_key.py, docs/instrumentation.md).
     key: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGET_KEY))
@@ -221,11 +221,6 @@ class Config:
 # Loading
 
 
-#: Other names accepted for a key (file and environment alike): alias path -> the key's path.
-KEY_ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("budget", "idle_timeout_seconds"): ("budget", "idle_timeout"),
-}
-
 #: Keys whose values never appear in messages or in `mcp-token-otel config` output.
 SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
 
@@ -310,7 +305,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
-    for key, value in _dealiased(data, path).items():
+    for key, value in data.items():
         if key not in fields:
             raise _unknown_key(path, str(key), list(fields))
         key_path = f"{path}.{key}" if path else key
@@ -334,22 +329,6 @@ def _build(cls: type, data: Any, path: str) -> Any:
         raise
     except ValueError as exc:  # cross-field checks name their keys already
         raise ConfigError(f"config key {exc}") from None
-
-
-def _dealiased(data: Mapping[Any, Any], path: str) -> Mapping[Any, Any]:
-    """``data`` with every alias of this section renamed to its key; both given is an error naming both."""
-    parts = tuple(path.split(".")) if path else ()
-    aliases = {alias[-1]: key[-1] for alias, key in KEY_ALIASES.items() if alias[:-1] == parts and alias[-1] in data}
-    if not aliases:
-        return data
-    out = dict(data)
-    for alias, key in aliases.items():
-        if key in out:
-            where = f"{path}." if path else ""
-            raise ConfigError(f"config key '{where}{alias}': another name for '{where}{key}', which is set too; "
-                              "give one")
-        out[key] = out.pop(alias)
-    return out
 
 
 def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
@@ -393,7 +372,6 @@ def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[
 
 
 def _leaf_type(path: tuple[str, ...]) -> Any:
-    path = KEY_ALIASES.get(path, path)
     cls: Any = Config
     for part in path:
         cls = typing.get_type_hints(cls)[part]
@@ -430,7 +408,6 @@ def _yaml_error(path: Any, exc: yaml.YAMLError) -> ConfigError:
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     known = env_keys()
-    known.update((ENV_PREFIX + "_".join(alias).upper(), alias) for alias in KEY_ALIASES)
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name in _ENV_NOT_KEYS:
             continue

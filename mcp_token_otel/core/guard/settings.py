@@ -11,11 +11,9 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
-GuardMode = Literal["off", "observe", "enforce"]
 GUARD_MODES: tuple[str, ...] = ("off", "observe", "enforce")
-PaddingAction = Literal["notice", "strip"]
 PADDING_ACTIONS: tuple[str, ...] = ("notice", "strip")
 #: Where guards can run (``guard.sides``): the shim's client and server sides and the proxy.
 GUARD_SIDES: tuple[str, ...] = ("client", "server", "proxy")
