@@ -175,3 +175,21 @@ def test_a_flood_of_reads_for_unknown_ids_keeps_the_store_unchanged() -> None:
         assert read_spill(store, spill_uri(f"{i:032x}", 1), "session-a", now=1.0).outcome == NOT_FOUND
     assert (store.bytes, len(store)) == (size, count)
     assert read_spill(store, spill_uri(spill_id), "session-a", now=2.0).outcome == SERVED
+
+
+def test_the_resources_capability_is_added_only_where_missing() -> None:
+    from mcp_token_otel.core.spill import CAPABILITY_METHODS, empty_listing, with_resources_capability
+
+    assert {"initialize", "server/discover"} == CAPABILITY_METHODS
+    result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {"listChanged": True}},
+              "serverInfo": {"name": "s", "version": "1"}}
+    added, changed = with_resources_capability(result)
+    assert changed and added["capabilities"] == {"tools": {"listChanged": True}, "resources": {}}
+    assert result["capabilities"] == {"tools": {"listChanged": True}}  # the input is not changed
+    declared = {"capabilities": {"resources": {"subscribe": True}}}
+    assert with_resources_capability(declared) == (declared, False)
+    for odd in (None, [], {"capabilities": None}, {"serverInfo": {}}):
+        assert with_resources_capability(odd) == (odd, False)
+    assert empty_listing("resources/list") == {"resources": []}
+    assert empty_listing("resources/templates/list") == {"resourceTemplates": []}
+    assert empty_listing("resources/read") is None and empty_listing("tools/list") is None

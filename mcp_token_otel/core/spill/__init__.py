@@ -8,11 +8,13 @@ Pure: no I/O, the clock and the id source are the caller's. The pieces, in the o
 * a :class:`SpillStore` keeps it for its owner (:class:`MemorySpillStore`: TTL, byte cap, LRU);
 * :func:`link_block`, :func:`resume_page` and :func:`with_spill` (with the guard's notice) put the link in
   the cut result;
-* :func:`read_spill` answers a read: a page, or a JSON-RPC error saying why not.
+* :func:`read_spill` answers a read: a page, or a JSON-RPC error saying why not;
+* :func:`with_resources_capability` declares ``resources`` for a server that did not, so clients read.
 
 docs/guardrails.md describes the behaviour; the URI grammar is in :mod:`.uri`.
 """
 
+from .capability import CAPABILITY_METHODS, LISTINGS, empty_listing, with_resources_capability
 from .document import BLOB, ITEMS, TEXT, JsonSummary, Part
 from .link import is_spill_link, link_block, resume_page, summaries, with_spill
 from .paging import MAX_PAGES, MAX_PIECES_PER_PAGE, Piece, Spill, SpillRefused, build_spill, fit_text
@@ -47,11 +49,11 @@ from .uri import (
 from .wire import spill_from_wire, spill_to_wire
 
 __all__ = [
-    "BLOB", "EVICTED", "EXPIRED", "FORBIDDEN", "INVALID", "INVALID_PARAMS", "ITEMS", "MAX_PAGES",
-    "MAX_PIECES_PER_PAGE", "META_SPILL_KEY", "NOT_FOUND", "NO_OWNER", "PREFIX", "READ_OUTCOMES", "SCHEME", "SERVED",
-    "TEXT", "TIMED_OUT", "TOO_LARGE", "JsonSummary", "Lookup", "MemorySpillStore", "Part", "Piece", "ReadAnswer",
-    "Spill", "SpillRef", "SpillRefused", "SpillStore", "SpillUriError", "Stored", "build_spill", "duration",
-    "fit_text", "is_spill_id", "is_spill_link", "is_spill_uri", "link_block", "new_spill_id", "page_result",
-    "parse_spill_uri", "read_spill", "resume_page", "spill_from_wire", "spill_to_wire", "spill_uri", "summaries",
-    "with_spill",
+    "BLOB", "CAPABILITY_METHODS", "EVICTED", "EXPIRED", "FORBIDDEN", "INVALID", "INVALID_PARAMS", "ITEMS", "LISTINGS",
+    "MAX_PAGES", "MAX_PIECES_PER_PAGE", "META_SPILL_KEY", "NOT_FOUND", "NO_OWNER", "PREFIX", "READ_OUTCOMES",
+    "SCHEME", "SERVED", "TEXT", "TIMED_OUT", "TOO_LARGE", "JsonSummary", "Lookup", "MemorySpillStore", "Part",
+    "Piece", "ReadAnswer", "Spill", "SpillRef", "SpillRefused", "SpillStore", "SpillUriError", "Stored",
+    "build_spill", "duration", "empty_listing", "fit_text", "is_spill_id", "is_spill_link", "is_spill_uri",
+    "link_block", "new_spill_id", "page_result", "parse_spill_uri", "read_spill", "resume_page", "spill_from_wire",
+    "spill_to_wire", "spill_uri", "summaries", "with_resources_capability", "with_spill",
 ]
