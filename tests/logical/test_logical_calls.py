@@ -45,8 +45,9 @@ def test_the_fixtures_are_there() -> None:
     scenarios = {n.rsplit(".", 1)[0] for n in CAPTURED}
     assert scenarios >= {"elicit_once", "elicit_three", "two_rounds", "sampling", "declined", "prompt", "resource",
                          "no_state", "state_only", "plain_repeats", "task"}
-    for scenario in scenarios - {"header_mismatch"}:
+    for scenario in scenarios - {"header_mismatch", "task_v1"}:  # HTTP only, mcp 1.x stdio only
         assert f"{scenario}.stdio" in CAPTURED and f"{scenario}.http" in CAPTURED
+    assert "task_v1.stdio" in CAPTURED
     assert {"mrtr_spec.spec", "tasks_spec.spec", "tasks_failed_spec.spec", "tasks_notification_spec.spec",
             "tasks_2025_11_25_spec.spec"} <= set(names("*.spec"))
 
@@ -224,6 +225,21 @@ def test_tasks_of_2025_11_25_deliver_through_tasks_result() -> None:
     assert kinds == [TASK_CREATED, TASK_STATUS, TASK_STATUS, TASK_RESULT]
     done = run.outcomes(TASK_RESULT)[0]
     assert done.result["content"][0]["text"].startswith("Current weather") and done.envelope is None
+
+
+def test_a_real_2025_11_25_task_from_mcp_1x() -> None:
+    run = replay(load("task_v1.stdio"))
+    call = one_call(run)
+    assert call.target == "report" and call.task
+    kinds = [o.kind for o in run.outcomes() if o.call is call]
+    assert kinds[0] == TASK_CREATED and kinds[-1] == TASK_RESULT and set(kinds[1:-1]) == {TASK_STATUS}
+    # The status notification reports "completed" without the result: tasks/result delivers it.
+    notified = [s.outcome for s in run.steps if s.message.get("method") == "notifications/tasks/status"]
+    assert notified and all(o is not None and o.kind == TASK_STATUS and o.call is call for o in notified)
+    done = run.outcomes(TASK_RESULT)[0]
+    assert done.result["content"][0]["text"] == "z" * 4000 and done.envelope is None
+    assert [leg.role for leg in run.legs() if leg.method.startswith("tasks/")] == [TASK] * len(
+        [leg for leg in run.legs() if leg.method.startswith("tasks/")])
 
 
 def test_task_messages_for_an_unknown_task_belong_to_no_call() -> None:
