@@ -416,11 +416,11 @@ class LogicalCalls:
         leg.answered = True
         leg.arguments = None
         call = leg.call
-        if leg.role == PLAIN or call is None or call.ended:
+        if leg.role == PLAIN or call is None:
             return Outcome(PLAIN if leg.role == PLAIN else TASK_STATUS, call, error=error)
         now = self._clock() if now is None else now
         if leg.role == TASK:
-            if leg.method == "tasks/result":
+            if leg.method == "tasks/result" and not call.ended:
                 return self._task_done(call, now, "failed", error=error)
             return Outcome(TASK_STATUS, call, error=error)
         call.ended = True
@@ -484,15 +484,21 @@ class LogicalCalls:
         self._by_arguments.expire(now, dropped)
 
     def _abandoned(self, dropped: list[_Entry]) -> None:
-        """Calls dropped before their final answer (a call retried since is not: it moved on)."""
-        callback = self._on_abandoned
-        for entry in dropped:
-            call = entry.call
-            if call.ended:
-                continue
+        """Calls dropped before their final answer (a call retried since is not: it moved on). Every one is
+        ended and handed over even when the callback raises; then its first exception is raised."""
+        ended = [entry.call for entry in dropped if not entry.call.ended]
+        for call in ended:
             call.ended = True
-            if callback is not None:
+        callback, failure = self._on_abandoned, None
+        if callback is None:
+            return
+        for call in ended:
+            try:
                 callback(call)
+            except Exception as exc:  # the recorder counts it; the other calls are still handed over
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
 
 def _status(value: Any) -> str | None:

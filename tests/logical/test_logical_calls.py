@@ -439,6 +439,24 @@ def test_errors_end_a_call_on_any_leg() -> None:
     assert outcome.kind == FINAL and outcome.call is a.call and outcome.duration == 3.0
     plain = tracker.request("tools/list", {})
     assert tracker.error(plain, {"code": -32601}).kind == PLAIN
+    # An answer that comes after its leg was given up on still ends the call with it.
+    late = tracker.request("tools/call", {"name": "t"}, now=0.0)
+    assert tracker.abandon(late) is late.call
+    assert tracker.error(late, {"code": -32000}, now=1.0).kind == FINAL
+
+
+def test_a_raising_abandon_callback_still_hands_over_every_call() -> None:
+    seen: list[int] = []
+
+    def callback(call: LogicalCall) -> None:
+        seen.append(call.id)
+        raise RuntimeError("sink down")
+
+    tracker = LogicalCalls(window=1.0, on_abandoned=callback)
+    a, b = ask(tracker, state="a", now=0.0), ask(tracker, state="b", now=0.0)
+    with pytest.raises(RuntimeError, match="sink down"):
+        tracker.expire(now=5.0)
+    assert seen == [a.call.id, b.call.id] and a.call.ended and b.call.ended and tracker.held == 0
 
 
 def test_abandon_ends_an_unanswered_call_once() -> None:
