@@ -42,7 +42,8 @@ class Entry:
         self.calls = 0
         #: 0 ok, 1 warning, 2 exhausted: the highest state known here.
         self.state = 0
-        #: States reported by this process (bits), or known claimed in the store.
+        #: States this process reported from its own count while the store was down (bits): the store's claim of
+        #: the same state, once it answers, is not reported again.
         self.fired = 0
         self.owner = False
         #: An answer from the store was had for this budget (its figures are then the shared ones).
@@ -73,9 +74,10 @@ class Entry:
         self.tokens += tokens
         self.calls += 1
         state = 2 if self.tokens >= exhaust_at else 1 if self.tokens >= warn_at else 0
-        if state > self.state:
-            self.state = state
-        new = REACHED[state] & ~self.fired
+        if state <= self.state:
+            return ()
+        new = REACHED[state] & ~REACHED[self.state] & ~self.fired
+        self.state = state
         self.fired |= new
         return ENTERED[new]
 
@@ -155,7 +157,7 @@ class Health:
                 self._probing = False
         if first:
             log.warning("budget store %s unreachable (%s: %s): budgets are counted in this process until it "
-                        "answers again (retried every %.0f s)", self.name, type(exc).__name__, exc, self.backoff)
+                        "answers again (tried again every %g s)", self.name, type(exc).__name__, exc, self.backoff)
         if self._on_error is not None:
             try:
                 self._on_error(op)

@@ -235,14 +235,20 @@ class RedisStore:
         tokens, state, mine, repeat, changed, calls, created = (int(v) for v in reply[:7])
         masks = [int(v) for v in reply[7:7 + sent]]
         fired = 0 if created else entry.fired
-        own = masks.pop() & ~fired if message and masks else 0
+        own = masks.pop() if message and masks else 0
         held = 0
         for mask in masks:
             held |= mask
+        entry.fired = fired & ~(own | held)  # reported already, while the store was down: not again
+        own &= ~fired
         held &= ~fired
-        entry.fired = fired | REACHED[state]
         pending = sum(entry.unsent)  # added here while this round trip was under way
-        entry.tokens, entry.calls, entry.state = tokens + pending, calls + len(entry.unsent), state
+        if created:  # a new budget (or one idle past its timeout): its figures start here
+            entry.tokens, entry.calls, entry.state = tokens + pending, calls + len(entry.unsent), state
+        else:  # replies of concurrent adds arrive in any order: figures only grow
+            entry.tokens = max(entry.tokens, tokens + pending)
+            entry.calls = max(entry.calls, calls + len(entry.unsent))
+            entry.state = max(entry.state, state)
         entry.owner, entry.shared = bool(mine), True
         return SharedAnswer(tokens, tokens / self._window, BUDGET_STATES[state], ENTERED[own], ENTERED[held],
                             bool(repeat), bool(changed), entry.owner, "shared", calls, self._window)
@@ -303,7 +309,8 @@ class RedisStore:
             self._start_thread()
         with self._lock:
             entry = self._tables[side].get(key)
-            if entry is not None and entry.state == 2 and entry.shared:  # exhausted stays so until the budget ends
+            if entry is not None and entry.state == 2 and entry.shared and not entry.fired & 2:
+                # exhausted, as the store said: it stays so until the budget ends (no round trip)
                 return self._answer(entry, "shared")
             held: list[int] = []
             calls: list[bytes] = []
@@ -336,7 +343,6 @@ class RedisStore:
             with self._lock:
                 entry.tokens, entry.state, entry.calls, entry.owner, entry.shared = (
                     tokens + sum(entry.unsent), max(entry.state, state), count, bool(mine), True)
-                entry.fired |= REACHED[state]
         return SharedAnswer(tokens, tokens / self._window, BUDGET_STATES[state], owner=bool(mine), source="shared",
                             calls=count, context_window=self._window)
 

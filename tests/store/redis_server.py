@@ -73,8 +73,8 @@ class RedisServer:
         """A plain redis-py client of this server (the test's own view of it, not the store's)."""
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password or None,
-                           socket_timeout=_WAIT_S, socket_connect_timeout=_WAIT_S, **kwargs)
+        options = {"socket_timeout": _WAIT_S, "socket_connect_timeout": _WAIT_S, **kwargs}
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password or None, **options)
 
     def evalsha_calls(self) -> int:
         """EVALSHA commands the server has run since its start (INFO commandstats): round trips of the store."""
