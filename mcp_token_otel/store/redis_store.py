@@ -28,15 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from ..config import BudgetConfig, ConfigError, check_store_url, mask_url_password
+from ..config import BudgetConfig, mask_url_password
 from ..core.budget import BUDGET_STATES, BudgetState
 from ..core.guard.limits import RateLimiter
 from . import scripts
 from .base import BudgetEnd, EndCallback, ErrorCallback, KeyHasher, SharedAnswer
-from .local import ENTERED, MAX_HELD, REACHED, Entry, Health, log
+from .connection import FAILURES, connection_pool
+from .local import ENTERED, MAX_HELD, Entry, Health, log
 
 #: Called with (side, key, states) for transitions claimed by held messages the store's own thread sent.
 TransitionCallback = Callable[[str, str, tuple[BudgetState, ...]], None]
@@ -47,34 +46,8 @@ _HOLD_S = 2.0
 _BACKOFF_S = 1.0
 #: At most this many budgets are sent or checked per pass of the store's thread (one pipelined round trip).
 _BATCH = 256
-#: Connections in the pool; past it an operation is answered locally without marking the store down.
-_MAX_CONNECTIONS = 64
 #: How long a budget's keys outlive its idle timeout, so its owner can still read its final figures.
 _MAX_GRACE_S = 300.0
-
-_FAILURES = (redis.exceptions.RedisError, OSError)
-
-
-def connection_pool(budget: BudgetConfig) -> redis.ConnectionPool:
-    """The pool ``budget.store`` describes: every socket operation bounded by ``budget.store_timeout``, no retry
-    (a retry would double the deadline: the store's back-off takes its place)."""
-    check_store_url(budget.store)
-    kwargs: dict[str, Any] = {
-        "socket_timeout": budget.store_timeout,
-        "socket_connect_timeout": budget.store_timeout,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 0,
-        "max_connections": _MAX_CONNECTIONS,
-    }
-    if budget.store_password:
-        kwargs["password"] = budget.store_password
-    if budget.store_tls_ca_file:
-        kwargs["ssl_ca_certs"] = budget.store_tls_ca_file
-    try:
-        return redis.ConnectionPool.from_url(budget.store, **kwargs)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"config key 'budget.store': {mask_url_password(str(exc))}") from None
-
 
 class RedisStore:
     """Budgets counted in Redis (``budget.store: redis://...``), shared by every process that names it."""
@@ -216,7 +189,7 @@ class RedisStore:
                 [self._key(entry.hid), *self._repeat_keys(entry.hid, calls)],
                 self._add_args(increments, tools, tools_digest is not None),
             )
-        except _FAILURES as exc:
+        except FAILURES as exc:
             return self._local(side, key, "add", entry, tokens, increments[:-1], call_digest, tools_digest, exc,
                                calls)
         self.health.ok()
@@ -326,7 +299,7 @@ class RedisStore:
             else:
                 hid = entry.hid if entry is not None else self._hash(side, key)
                 reply = self._peek_script([self._key(hid)], [self.instance])
-        except _FAILURES as exc:
+        except FAILURES as exc:
             if entry is not None and held and not isinstance(exc, redis.exceptions.TimeoutError):
                 with self._lock:
                     entry.unsent[:0] = held
@@ -367,7 +340,7 @@ class RedisStore:
                     [str(max(1, round(window_s * 1_000_000))), str(limit), "1" if record_over else "0",
                      f"{self.instance}:{next(self._seq)}"],
                 )
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 if self._is_busy(exc):
                     self.health.busy("rate")
                 else:
@@ -401,7 +374,7 @@ class RedisStore:
                     [self._key(entry.hid), *self._repeat_keys(entry.hid, entry.unsent_calls)],
                     self._add_args(entry.unsent, entry.tools_unsent, False, release=entry.owner),
                 )
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 self._failed_quietly("end", exc)
                 source = "local"
             else:
@@ -475,7 +448,7 @@ class RedisStore:
     def _probe(self) -> None:
         try:
             self._redis.ping()
-        except _FAILURES as exc:
+        except FAILURES as exc:
             self.health.failed("probe", exc)
         else:
             self.health.ok()
@@ -498,7 +471,7 @@ class RedisStore:
             self._peek_script([self._key(entry.hid)], [self.instance], client=pipe)
         try:
             replies = pipe.execute(raise_on_error=False)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             replies = [exc] * (len(flushes) + len(orphans) + len(checks))
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
         if failure is not None:

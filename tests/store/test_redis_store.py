@@ -115,7 +115,7 @@ def test_repeat_window_counts_from_the_last_call(redis_server: RedisServer, budg
     store = open_redis(budget_for(redis_server), repeat_window=0.3)
     call = stable_digest("t", "{}")
     assert not store.add("server", "conv", 1, call_digest=call).repeat
-    key = [k for k in redis_server.client().keys(f"{store._prefix}*") if b":r:" in k][0]
+    key = next(k for k in redis_server.client().keys(f"{store._prefix}*") if b":r:" in k)
     _wait_for(lambda: not redis_server.client().exists(key), "the digest expires after the window")
     assert not store.add("server", "conv", 1, call_digest=call).repeat
     off = open_redis(budget_for(redis_server), repeat_window=0.0)  # 0: no check
