@@ -65,6 +65,28 @@ def test_many_threads_exact_totals_and_transitions_once(redis_server: RedisServe
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_replicas_round_robin_claim_each_transition_once(redis_server: RedisServer, budget_for: Any,
+                                                         open_redis: Any, replicas: int) -> None:
+    """Separate store instances in one process, message m of every conversation sent by replica m % n."""
+    conversations, messages = 30, 12
+    claimed: Counter[str] = Counter()
+    budget = budget_for(redis_server, context_window=250)
+    stores = [open_redis(budget, on_transition=lambda s, k, states: claimed.update(f"{k}:{x}" for x in states))
+              for _ in range(replicas)]
+    for m in range(messages):
+        for c in range(conversations):
+            answer = stores[m % replicas].add("server", f"conv-{c}", tokens_of(c, m), final=m % 2 == 1)
+            claimed.update(f"conv-{c}:{s}" for s in (*answer.transitions, *answer.held_transitions))
+    for store in stores:
+        store.flush()
+    assert _totals(redis_server, budget.store_prefix, conversations) == _expected(conversations, messages)
+    assert claimed == Counter({f"conv-{c}:{s}": 1 for c in range(conversations) for s in ("warning", "exhausted")})
+    owners = [{key for key, _ in store.sessions("server")} for store in stores]
+    assert sum(map(len, owners)) == conversations and len(set().union(*owners)) == conversations
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_replicas_in_processes_claim_each_transition_once(redis_server: RedisServer, budget_for: Any,
                                                           replicas: int) -> None:
     conversations, messages, window = 50, 12, 250
