@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from ..core.budget import BUDGET_STATES, BudgetState
+from .base import SharedAnswer, Source
 from .memory import check_repeat
 
 log = logging.getLogger("mcp_token_otel.store")
@@ -97,6 +98,43 @@ class Entry:
     @property
     def state_name(self) -> BudgetState:
         return BUDGET_STATES[self.state]
+
+    def answer(
+        self,
+        window: int,
+        source: Source,
+        transitions: tuple[BudgetState, ...] = (),
+        repeat: bool = False,
+        changed: bool = False,
+    ) -> SharedAnswer:
+        """An answer from what this process knows of the budget."""
+        return SharedAnswer(self.tokens, self.tokens / window, self.state_name, transitions, (), repeat, changed,
+                            self.owner, source, self.calls, window)
+
+    def take_reply(self, reply: list[int], sent: int, message: bool, window: int) -> SharedAnswer:
+        """Take the store's reply to an add of ``sent`` messages: the answer for the last one (``message``; else
+        they were all held), the held ones' transitions apart. States this process already reported while the
+        store was down are not reported again."""
+        tokens, state, mine, repeat, changed, calls, created = (int(v) for v in reply[:7])
+        masks = [int(v) for v in reply[7:7 + sent]]
+        fired = 0 if created else self.fired
+        own = masks.pop() if message and masks else 0
+        held = 0
+        for mask in masks:
+            held |= mask
+        self.fired = fired & ~(own | held)  # reported already, while the store was down: not again
+        own &= ~fired
+        held &= ~fired
+        pending = sum(self.unsent)  # added here while this round trip was under way
+        if created:  # a new budget (or one idle past its timeout): its figures start here
+            self.tokens, self.calls, self.state = tokens + pending, calls + len(self.unsent), state
+        else:  # replies of concurrent adds arrive in any order: figures only grow
+            self.tokens = max(self.tokens, tokens + pending)
+            self.calls = max(self.calls, calls + len(self.unsent))
+            self.state = max(self.state, state)
+        self.owner, self.shared = bool(mine), True
+        return SharedAnswer(tokens, tokens / window, BUDGET_STATES[state], ENTERED[own], ENTERED[held], bool(repeat),
+                            bool(changed), self.owner, "shared", calls, window)
 
 
 class Health:

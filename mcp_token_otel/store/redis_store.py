@@ -35,7 +35,7 @@ from ..core.guard.limits import RateLimiter
 from . import scripts
 from .base import BudgetEnd, EndCallback, ErrorCallback, KeyHasher, SharedAnswer
 from .connection import FAILURES, connection_pool
-from .local import ENTERED, MAX_HELD, Entry, Health, log
+from .local import MAX_HELD, Entry, Health, log
 
 #: Called with (side, key, states) for transitions claimed by held messages the store's own thread sent.
 TransitionCallback = Callable[[str, str, tuple[BudgetState, ...]], None]
@@ -114,6 +114,7 @@ class RedisStore:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._faulted = False
         if not fresh:
             self._pool.reset()
 
@@ -155,6 +156,27 @@ class RedisStore:
         call_digest: bytes | None = None,
         tools_digest: bytes | None = None,
     ) -> SharedAnswer:
+        try:
+            return self._add(side, key, tokens, final, call_digest, tools_digest)
+        except Exception as exc:  # a fault past the handled ones (ours, or the client's): the call still goes on
+            self._fault("add", exc)
+            return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
+
+    def _fault(self, op: str, exc: Exception) -> None:
+        if not self._faulted:
+            self._faulted = True
+            log.warning("budget store: unexpected %s in %s; answered locally", type(exc).__name__, op, exc_info=exc)
+        self.health.busy(op)
+
+    def _add(
+        self,
+        side: str,
+        key: str,
+        tokens: int,
+        final: bool,
+        call_digest: bytes | None,
+        tools_digest: bytes | None,
+    ) -> SharedAnswer:
         if tokens.__class__ is not int or tokens < 0:
             tokens = max(0, int(tokens))
         if self._thread is None:
@@ -173,7 +195,7 @@ class RedisStore:
                 entry.calls += 1
                 if call_digest is not None:
                     entry.unsent_calls.append(call_digest)
-                return self._answer(entry, "held")
+                return entry.answer(self._window, "held")
         if not self.health.try_store():
             return self._local(side, key, "add", entry, tokens, [], call_digest, tools_digest, None)
         with self._lock:
@@ -202,29 +224,8 @@ class RedisStore:
                 tools if tools is not None else b"", "1" if report else "0", "1" if release else "0", *increments]
 
     def _shared(self, entry: Entry, reply: list[int], sent: int, message: bool = True) -> SharedAnswer:
-        """Take an ADD reply into the entry (under the lock): the answer for the last message sent, the held ones'
-        transitions apart. States this process already reported while the store was down are not reported
-        again."""
-        tokens, state, mine, repeat, changed, calls, created = (int(v) for v in reply[:7])
-        masks = [int(v) for v in reply[7:7 + sent]]
-        fired = 0 if created else entry.fired
-        own = masks.pop() if message and masks else 0
-        held = 0
-        for mask in masks:
-            held |= mask
-        entry.fired = fired & ~(own | held)  # reported already, while the store was down: not again
-        own &= ~fired
-        held &= ~fired
-        pending = sum(entry.unsent)  # added here while this round trip was under way
-        if created:  # a new budget (or one idle past its timeout): its figures start here
-            entry.tokens, entry.calls, entry.state = tokens + pending, calls + len(entry.unsent), state
-        else:  # replies of concurrent adds arrive in any order: figures only grow
-            entry.tokens = max(entry.tokens, tokens + pending)
-            entry.calls = max(entry.calls, calls + len(entry.unsent))
-            entry.state = max(entry.state, state)
-        entry.owner, entry.shared = bool(mine), True
-        return SharedAnswer(tokens, tokens / self._window, BUDGET_STATES[state], ENTERED[own], ENTERED[held],
-                            bool(repeat), bool(changed), entry.owner, "shared", calls, self._window)
+        """An ADD reply taken into the entry (under the lock)."""
+        return entry.take_reply(reply, sent, message, self._window)
 
     def _local(
         self,
@@ -253,38 +254,31 @@ class RedisStore:
             if not calls:
                 repeat = entry.check_locally(call_digest, None, self._repeat_window)[0]
             changed = entry.check_locally(None, tools_digest, self._repeat_window)[1]
-            answer = self._answer(entry, "local", transitions, repeat, changed)
-        if self._is_busy(exc):
-            self.health.busy(op)
-        else:
-            self.health.failed(op, exc)
+            answer = entry.answer(self._window, "local", transitions, repeat, changed)
+        self._failed(op, exc)
         return answer
 
     @staticmethod
     def _is_busy(exc: BaseException | None) -> bool:
         return isinstance(exc, redis.exceptions.ConnectionError) and "Too many connections" in str(exc)
 
-    def _answer(
-        self,
-        entry: Entry,
-        source: Any,
-        transitions: tuple[BudgetState, ...] = (),
-        repeat: bool = False,
-        changed: bool = False,
-    ) -> SharedAnswer:
-        return SharedAnswer(entry.tokens, entry.tokens / self._window, entry.state_name, transitions, (), repeat,
-                            changed, entry.owner, source, entry.calls, self._window)
-
     # ------------------------------------------------------------------ reads for the guards
 
     def peek(self, side: str, key: str) -> SharedAnswer:
+        try:
+            return self._peek(side, key)
+        except Exception as exc:
+            self._fault("peek", exc)
+            return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
+
+    def _peek(self, side: str, key: str) -> SharedAnswer:
         if self._thread is None:
             self._start_thread()
         with self._lock:
             entry = self._tables[side].get(key)
             if entry is not None and entry.state == 2 and entry.shared and not entry.fired & 2:
                 # exhausted, as the store said: it stays so until the budget ends (no round trip)
-                return self._answer(entry, "shared")
+                return entry.answer(self._window, "shared")
             held: list[int] = []
             calls: list[bytes] = []
             if entry is not None and entry.unsent and self.health.up:
@@ -320,16 +314,20 @@ class RedisStore:
                             calls=count, context_window=self._window)
 
     def _peek_locally(self, entry: Entry | None, exc: BaseException | None) -> SharedAnswer:
-        if self._is_busy(exc):
-            self.health.busy("peek")
-        else:
-            self.health.failed("peek", exc)
+        self._failed("peek", exc)
         if entry is None:
             return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
         with self._lock:
-            return self._answer(entry, "local")
+            return entry.answer(self._window, "local")
 
     def rate(self, side: str, key: str, window_s: float, limit: int, *, record_over: bool = False) -> int:
+        try:
+            return self._rate(side, key, window_s, limit, record_over)
+        except Exception as exc:
+            self._fault("rate", exc)
+            return 1
+
+    def _rate(self, side: str, key: str, window_s: float, limit: int, record_over: bool) -> int:
         if self.health.try_store():
             with self._lock:
                 entry = self._tables[side].get(key)
@@ -341,10 +339,7 @@ class RedisStore:
                      f"{self.instance}:{next(self._seq)}"],
                 )
             except FAILURES as exc:
-                if self._is_busy(exc):
-                    self.health.busy("rate")
-                else:
-                    self.health.failed("rate", exc)
+                self._failed("rate", exc)
             else:
                 self.health.ok()
                 return int(count)
@@ -362,21 +357,36 @@ class RedisStore:
     def end(self, side: str, key: str) -> None:
         """The budget's connection ended here: what it held is sent, its owner reports the end with the shared
         figures and gives up ownership (the next replica to add to it counts it from then on)."""
+        try:
+            self._end(side, key)
+        except Exception as exc:
+            self._fault("end", exc)
+
+    def _end(self, side: str, key: str) -> None:
         with self._lock:
             entry = self._tables[side].pop(key, None)
             self._holding.pop((side, key), None)
         if entry is None:
             return
         source = "shared" if entry.shared else "local"
-        if (entry.owner or entry.unsent) and self.health.try_store():
+        if (entry.owner or entry.unsent) and not self.health.try_store():
+            source = "local"
+            with self._lock:  # sent by the store's thread once Redis answers
+                if entry.unsent and len(self._orphans) < _BATCH:
+                    self._orphans.append((side, key, entry.unsent))
+        elif entry.owner or entry.unsent:
             try:
                 reply = self._add_script(
                     [self._key(entry.hid), *self._repeat_keys(entry.hid, entry.unsent_calls)],
                     self._add_args(entry.unsent, entry.tools_unsent, False, release=entry.owner),
                 )
             except FAILURES as exc:
-                self._failed_quietly("end", exc)
+                self._failed("end", exc)
                 source = "local"
+                if entry.unsent and not isinstance(exc, redis.exceptions.TimeoutError):
+                    with self._lock:  # still sent, by the store's thread, once Redis answers
+                        if len(self._orphans) < _BATCH:
+                            self._orphans.append((side, key, entry.unsent))
             else:
                 self.health.ok()
                 sent, entry.unsent = len(entry.unsent), []
@@ -385,7 +395,8 @@ class RedisStore:
         with self._lock:
             self._report_end(side, key, entry, "ended", source)
 
-    def _failed_quietly(self, op: str, exc: BaseException) -> None:
+    def _failed(self, op: str, exc: BaseException | None) -> None:
+        """``op`` failed with ``exc``: answered locally. A pool with no free connection is no outage."""
         if self._is_busy(exc):
             self.health.busy(op)
         else:
@@ -475,7 +486,7 @@ class RedisStore:
             replies = [exc] * (len(flushes) + len(orphans) + len(checks))
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
         if failure is not None:
-            self._failed_quietly("flush", failure)
+            self._failed("flush", failure)
         else:
             self.health.ok()
         claimed: list[tuple[str, str, tuple[BudgetState, ...]]] = []

@@ -108,3 +108,20 @@ def test_replicas_in_processes_claim_each_transition_once(redis_server: RedisSer
     assert min(totals.values()) >= 0.9 * window  # every conversation crossed both thresholds
     if replicas > 1:  # requests were held and went with their responses
         assert sum(r["sources"].get("held", 0) for r in results) > 0
+
+
+def test_a_forked_child_is_another_replica(redis_server: RedisServer, budget_for: Any, open_redis: Any) -> None:
+    from .workers import forked_child
+
+    store = open_redis(budget_for(redis_server))
+    assert store.add("server", "conv", 10).owner
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=forked_child, args=(store, queue))
+    child.start()
+    result = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert result["instance"] != store.instance  # its own id: it does not take the parent's budgets for its own
+    assert (result["tokens"], result["owner"], result["source"], result["sessions"]) == (15, False, "shared", [])
+    assert store.add("server", "conv", 1).tokens == 16 and dict(store.sessions("server")) == {"conv": "ok"}

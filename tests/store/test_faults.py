@@ -171,3 +171,17 @@ def _with_store(budget: Any, url: str) -> Any:
     import dataclasses
 
     return dataclasses.replace(budget, store=url)
+
+
+def test_callbacks_that_raise_do_not_reach_the_caller(own_redis: RedisServer, budget_for: Any,
+                                                      open_redis: Any) -> None:
+    def boom(*args: Any) -> None:
+        raise RuntimeError("a callback's own fault")
+
+    store = open_redis(budget_for(own_redis), on_error=boom, on_end=boom, on_transition=boom)
+    assert store.add("server", "conv", 800).transitions == ("warning",)
+    store.end("server", "conv")
+    own_redis.kill()
+    assert store.add("server", "conv", 10).source == "local"
+    assert store.peek("server", "other").source == "local"
+    store.end("server", "conv")

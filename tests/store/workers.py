@@ -43,3 +43,11 @@ def replica(url: str, prefix: str, rank: int, replicas: int, conversations: int,
     finally:
         store.close()
     return {"claimed": dict(claimed), "owned": owned, "errors": errors, "sources": dict(sources)}
+
+
+def forked_child(store: Any, queue: Any) -> None:
+    """In a forked child: the parent's store, used as it is."""
+    answer = store.add("server", "conv", 5)
+    queue.put({"instance": store.instance, "tokens": answer.tokens, "owner": answer.owner,
+               "source": answer.source, "sessions": store.sessions("server")})
+    store.close()
