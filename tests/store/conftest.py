@@ -46,11 +46,14 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def budget_for(request: pytest.FixtureRequest) -> Callable[..., BudgetConfig]:
-    """``budget_for(server, **keys)``: a budget section on ``server`` with a key prefix no other test uses."""
+    """``budget_for(server, **keys)``: a budget section on ``server`` with a key prefix no other test uses. Its
+    deadline is generous (a loaded machine must not turn a test into an outage); the deadline's own test sets
+    one."""
     prefix = f"t{next(_prefixes)}-{request.node.name[:40]}:"
 
     def make(server: RedisServer, **budget: Any) -> BudgetConfig:
-        section = {"store": server.url, "store_prefix": prefix, "context_window": 1000, **budget}
+        section = {"store": server.url, "store_prefix": prefix, "context_window": 1000, "store_timeout": 5.0,
+                   **budget}
         return config_from_dict({"budget": section}).budget
 
     return make

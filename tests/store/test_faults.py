@@ -50,10 +50,11 @@ def test_killed_and_restarted_redis(own_redis: RedisServer, budget_for: Any, ope
     assert {a.source for a in outage} == {"local"}
     assert [a.tokens for a in outage] == [100 + 50 * (i + 1) for i in range(20)]  # the last total, plus its own
     assert [a.transitions for a in outage if a.transitions] == [("warning",), ("exhausted",)]
-    assert errors == ["add"] * 20  # each local answer counted, tried or backing off
+    # Each local answer counted, tried or backing off (the store's own thread may count its probes too).
+    assert [e for e in errors if e != "probe"] == ["add"] * 20
     assert store.peek("server", "conv").source == "local"
     assert store.rate("server", "conv", 60.0, 5) == 1  # the local window
-    assert errors[-2:] == ["peek", "rate"]
+    assert [e for e in errors if e != "probe"][-2:] == ["peek", "rate"]
     warnings = _records(caplog, logging.WARNING)
     assert len(warnings) == 1 and "unreachable" in warnings[0] and own_redis.url.split("/0")[0] in warnings[0]
     own_redis.start()  # the same port, no data: a restarted cache
@@ -97,7 +98,7 @@ def test_slow_redis_gives_up_at_the_deadline(own_redis: RedisServer, budget_for:
     _wait_for(lambda: _busy(probe), "Redis is asleep")
     slow = store.add("server", "conv", 20)
     assert sleeper.is_alive()  # the add gave up while Redis was still asleep
-    assert slow.source == "local" and slow.tokens == 30 and errors == ["add"]
+    assert slow.source == "local" and slow.tokens == 30 and [e for e in errors if e != "probe"] == ["add"]
     assert "TimeoutError" in _records(caplog, logging.WARNING)[0]
     sleeper.join(timeout=15)
     _wait_for(lambda: store.add("server", "conv", 5).source == "shared", "counting resumes")
@@ -144,7 +145,8 @@ def test_redis_never_there(tmp_path: Path, budget_for: Any, open_redis: Any,
                                                                 ("local", 1200, False)]
     assert [a.transitions for a in answers] == [(), ("warning",), ("exhausted",)]
     assert store.peek("server", "conv").state == "exhausted"
-    assert len(errors) == 4 and len(_records(caplog, logging.WARNING)) == 1
+    assert [e for e in errors if e != "probe"] == ["add", "add", "add", "peek"]
+    assert len(_records(caplog, logging.WARNING)) == 1
     store.end("server", "conv")  # no exception either
 
 
@@ -157,7 +159,7 @@ def test_password_from_its_own_key_and_a_wrong_one(tmp_path: Path, budget_for: A
         assert good.add("server", "conv", 10).source == "shared"
         errors: list[str] = []
         bad = open_redis(budget_for(server, store_password="wrong-password-value"), on_error=errors.append)
-        assert bad.add("server", "conv", 10).source == "local" and errors == ["add"]
+        assert bad.add("server", "conv", 10).source == "local" and [e for e in errors if e != "probe"] == ["add"]
         text = caplog.text
         assert "wrong-password-value" not in text and "s3cret-redis-pw" not in text
         in_url = server.url.replace("redis://", "redis://:s3cret-redis-pw@")

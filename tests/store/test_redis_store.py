@@ -126,7 +126,7 @@ def test_repeat_window_counts_from_the_last_call(redis_server: RedisServer, budg
 def test_one_owner_counts_the_session_and_reports_its_end(redis_server: RedisServer, budget_for: Any,
                                                           open_redis: Any) -> None:
     ends: Ends = []
-    replicas = [open_redis(budget_for(redis_server, idle_timeout=1.0), on_end=lambda *e: ends.append(e))
+    replicas = [open_redis(budget_for(redis_server, idle_timeout=2.0), on_end=lambda *e: ends.append(e))
                 for _ in range(3)]
     for i in range(30):
         replicas[i % 3].add("server", f"conv-{i % 10}", 10)
@@ -147,11 +147,11 @@ def test_one_owner_counts_the_session_and_reports_its_end(redis_server: RedisSer
 def test_an_owner_keeps_a_budget_other_replicas_still_use(redis_server: RedisServer, budget_for: Any,
                                                           open_redis: Any) -> None:
     ends: Ends = []
-    a = open_redis(budget_for(redis_server, idle_timeout=1.0), on_end=lambda *e: ends.append(e))
-    b = open_redis(budget_for(redis_server, idle_timeout=1.0))
+    a = open_redis(budget_for(redis_server, idle_timeout=1.5), on_end=lambda *e: ends.append(e))
+    b = open_redis(budget_for(redis_server, idle_timeout=1.5))
     a.add("server", "conv", 10)
     started = time.monotonic()
-    while time.monotonic() - started < 1.6:  # a sees nothing for longer than the idle timeout; b keeps it busy
+    while time.monotonic() - started < 2.0:  # a sees nothing for longer than the idle timeout; b keeps it busy
         last = b.add("server", "conv", 1)
         a.expire()
         time.sleep(0.1)
@@ -177,7 +177,7 @@ def test_idle_budgets_start_afresh_and_their_keys_expire(redis_server: RedisServ
     _wait_for(lambda: client.pttl(keys[0]) < 450, "the budget is idle past its timeout")
     fresh = a.add("server", "conv", 10)
     assert (fresh.tokens, fresh.state, fresh.owner) == (10, "ok", True)
-    assert b.peek("server", "conv").tokens == 10
+    assert client.hget(keys[0], "tokens") == b"10"
 
 
 def test_end_reports_once_and_hands_ownership_on(redis_server: RedisServer, budget_for: Any,
