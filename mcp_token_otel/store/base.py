@@ -48,7 +48,7 @@ class SharedAnswer:
     #: replica whose add created it in the shared store (always true for the memory store).
     owner: bool = True
     source: Source = "local"
-    #: Messages added to the budget so far (any replica).
+    #: Messages added to the budget so far (any replica); 0 in the memory store's add answers (its peek has them).
     calls: int = 0
     context_window: int = 0
 
