@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import yaml
 
@@ -64,6 +65,64 @@ class RiskConfig:
     max_overhead_ratio: float = field(default=DEFAULT_MAX_OVERHEAD_RATIO, metadata=_RATIO)
 
 
+#: URL schemes ``budget.store`` accepts besides ``memory``.
+STORE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with its password (``redis://user:secret@host``, or a ``password=`` query parameter) shown as
+    ``<hidden>``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if at and colon and password:
+        rest = f"{user}:<hidden>@{host}{rest[end:]}"
+    return scheme + "://" + _QUERY_PASSWORD.sub(r"\1<hidden>", rest)
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def url_password(url: str) -> str:
+    """The password ``url`` carries (its user part or a ``password=`` query parameter), or ''."""
+    try:
+        split = urlsplit(url)
+        password = split.password or ""
+    except ValueError:
+        return ""
+    query = _QUERY_PASSWORD.search("?" + split.query) if split.query else None
+    return password or (unquote(query.group(0).partition("=")[2]) if query else "")
+
+
+def check_store_url(value: str) -> None:
+    """Raise ValueError naming ``budget.store`` unless ``value`` is ``memory`` or a Redis URL it can use."""
+    if value == "memory":
+        return
+    shown = mask_url_password(value)
+    expect = "expected 'memory' or a redis://, rediss:// or unix:// URL"
+    try:
+        url: SplitResult = urlsplit(value)
+        port = url.port
+    except ValueError as exc:
+        raise ValueError(f"budget.store: {expect}, got {shown!r} ({exc})") from None
+    if url.scheme not in STORE_SCHEMES:
+        raise ValueError(f"budget.store: {expect}, got {shown!r}")
+    if url.scheme == "unix":
+        if not url.path:
+            raise ValueError(f"budget.store: expected a socket path, as in unix:///run/redis.sock, got {shown!r}")
+        return
+    if not url.hostname:
+        raise ValueError(f"budget.store: expected a host, as in redis://127.0.0.1:6379/0, got {shown!r}")
+    if port == 0:
+        raise ValueError(f"budget.store: expected a port from 1 to 65535, got {shown!r}")
+    database = url.path.strip("/")
+    if database and not database.isdigit():
+        raise ValueError(f"budget.store: expected a database number after the host (/0), got {shown!r}")
+
+
 @dataclass(frozen=True)
 class BudgetConfig:
     context_window: int = field(default=DEFAULT_CONTEXT_WINDOW, metadata=_POSITIVE_INT)
@@ -78,9 +137,27 @@ class BudgetConfig:
     #: Client side: add the context's gen_ai.conversation.id baggage entry to outgoing requests that carry no
     #: baggage (the SDK sends baggage itself on JSON-RPC transports; this covers the rest). Off: nothing changes.
     propagate: bool = False
+    #: Where budgets are counted: ``memory`` (this process) or a Redis URL (``redis://``, ``rediss://`` for TLS,
+    #: ``unix://``) that every replica of a server or proxy shares (mcp_token_otel/store, the ``redis`` extra).
+    store: str = "memory"
+    #: Prefix of every Redis key, so that two deployments can share one Redis.
+    store_prefix: str = field(default="mcp-token-otel:", metadata=_check("a non-empty string", bool))
+    #: Seconds one store operation may take; past it the message is counted locally (never blocked longer).
+    store_timeout: float = field(default=0.05, metadata=_check("a number of seconds above 0, at most 10",
+                                                                lambda v: 0 < v <= 10))
+    #: The Redis password when the URL carries none (kept out of the URL, the environment's listing and output).
+    store_password: str = ""
+    #: A PEM bundle of the certificate authorities a ``rediss://`` server's certificate is checked against.
+    store_tls_ca_file: str = ""
+    #: The secret budget keys are hashed with (HMAC-SHA256) before they are stored; the same on every replica.
+    #: Empty: a hash derived from ``store_prefix``, which hides keys from a casual reader but not from a guess.
+    store_key_secret: str = ""
 
     def __post_init__(self) -> None:
         validate_budget(self.context_window, self.warning_ratio, self.exhaustion_ratio)
+        check_store_url(self.store)
+        if self.store_tls_ca_file and not self.store.startswith("rediss://"):
+            raise ValueError("budget.store_tls_ca_file: expected only with a rediss:// budget.store")
         if isinstance(self.key, str):  # one source, or a comma-separated list, as a string
             object.__setattr__(self, "key", _build_list(self.key, "budget.key"))
         elif isinstance(self.key, tuple):
@@ -222,7 +299,9 @@ class Config:
 
 
 #: Keys whose values never appear in messages or in `mcp-token-otel config` output.
-SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
+SECRET_KEYS = frozenset({"prometheus.basic_auth_password", "budget.store_password", "budget.store_key_secret"})
+#: Keys holding a URL whose password is masked in messages and output.
+URL_KEYS = frozenset({"budget.store"})
 
 
 #: Longest shown value in a message: a 100 KB value must not become a 100 KB error line.
@@ -232,6 +311,8 @@ _SHOWN_CHARS = 80
 def _shown(path: str, value: Any) -> str:
     if path in SECRET_KEYS:
         return "<hidden>"
+    if path in URL_KEYS and isinstance(value, str):
+        value = mask_url_password(value)
     try:
         text = repr(value)
     except RecursionError:  # a value nested thousands deep
@@ -477,6 +558,9 @@ def config_as_dict(config: Config, *, hide_secrets: bool = False) -> dict[str, A
             section, leaf = key.split(".")
             if data[section][leaf]:
                 data[section][leaf] = "<hidden>"
+        for key in URL_KEYS:
+            section, leaf = key.split(".")
+            data[section][leaf] = mask_url_password(data[section][leaf])
     return data
 
 

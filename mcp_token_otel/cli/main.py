@@ -14,10 +14,20 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
+from urllib.parse import unquote
 
 import yaml
 
-from ..config import SECRET_KEYS, Config, ConfigError, build_policy, config_as_dict, load_config
+from ..config import (
+    SECRET_KEYS,
+    URL_KEYS,
+    Config,
+    ConfigError,
+    build_policy,
+    config_as_dict,
+    load_config,
+    url_password,
+)
 from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from ..core.measure import Measurement, Policy, measure_message, measure_result
 from ..core.redact import ScrubbedStream, secrets_in_args
@@ -282,6 +292,10 @@ def _config_secrets(config: Config) -> set[str]:
     for key in SECRET_KEYS:
         section, leaf = key.split(".")
         secrets.add(str(getattr(getattr(config, section), leaf)))
+    for key in URL_KEYS:  # a password inside a URL (budget.store), as written and percent-decoded
+        section, leaf = key.split(".")
+        password = url_password(str(getattr(getattr(config, section), leaf)))
+        secrets.update((password, unquote(password)))
     return secrets
 
 
