@@ -56,6 +56,7 @@ OVERFLOW_VALUE = "_other"
 #: This project's attributes of the context-cost families (the others come from semconv).
 M_DEFINITION_PART = "mcp_token.definition.part"
 M_WASTE_KIND = "mcp_token.waste.kind"
+M_STORE_OP = "mcp_token.budget_store.op"
 #: The parts of a tool definition the split definition gauge shows; they add up to the definitions' total.
 DEFINITION_PARTS: tuple[str, ...] = ("description", "schema", "names")
 #: The kinds of wasted output tokens.
@@ -81,6 +82,7 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "family": M_FAMILY,
     "part": M_DEFINITION_PART,
     "kind": M_WASTE_KIND,
+    "op": M_STORE_OP,
 }
 
 
@@ -212,6 +214,11 @@ FAMILIES: tuple[Family, ...] = (
            "Live sessions whose bookkeeping was dropped, least recently used first, to stay within "
            "budget.max_sessions.",
            _SESSION, otel_name="mcp_token.sessions.evicted", otel_unit="{session}"),
+    Family("mcp_token_budget_store_errors", "counter", "operations",
+           "Budget-store operations answered from this process's own count because the shared store (budget.store) "
+           "failed, timed out or was backing off after a failure (op: add, peek, rate, end, flush, probe): the "
+           "conversation's figures here are this replica's share until it answers again.",
+           ("server", "op"), otel_name="mcp_token.budget_store.errors", otel_unit="{operation}"),
     Family("mcp_token_unbudgeted_tokens", "counter", "tokens",
            "Estimated tokens of messages that no budget key (budget.key) attributed to a conversation: "
            "context use no budget, hard limit or exhaustion alert sees.",
@@ -313,8 +320,9 @@ def main(argv: list[str]) -> int:
     with open(path, encoding="utf-8") as f:
         doc = f.read()
     start, end = doc.index(TABLE_BEGIN), doc.index(TABLE_END) + len(TABLE_END)
+    table = markdown_table()
     with open(path, "w", encoding="utf-8") as f:
-        f.write(doc[:start] + markdown_table() + doc[end:])
+        f.write(doc[:start] + table + doc[end:])
     return 0
 
 

@@ -161,8 +161,6 @@ class Call:
         label = rec._label(meta, self.server)
         if key is None and self.budgeted:
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), m.total_tokens)
-        if self.tool is not None and meta is not None and rec._costs.window:
-            rec._costs.call(meta, self.tool, self.params)
         if label == UNKNOWN_SERVER and self.method in _NAMING and side != "server" and meta is not None:
             meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
         else:
@@ -270,12 +268,22 @@ class Call:
                 self.actions += actions
             elif guards.cost_on:
                 cost = guards.cost(tokens)
-        inputs = self._input.total_tokens if self._input is not None else 0
-        self._input = None
-        update = ledger.record(side, key, inputs + tokens) if self.budgeted else None
         meta = self._meta
         if meta is None and self.budgeted:
             meta = self._meta = ledger.meta(side, key, self.server, None)
+        definitions = rec._tool_definitions(result) if error is None and method == "tools/list" else None
+        inputs = self._input.total_tokens if self._input is not None else 0
+        self._input = None
+        update = None
+        if self.budgeted and key is not None:
+            costs = rec._costs
+            update = ledger.record(
+                side, key, inputs + tokens,
+                costs.call_digest(self.tool, self.arguments) if self.tool is not None and error is None else None,
+                costs.tools_digest(meta, definitions) if definitions is not None else None,
+            )
+        elif ledger.ended_waiting:
+            ledger.report_ended()  # budgets let go of at a collection: reported at this safe point
         if error is None:
             if meta is not None and meta.server is None and side != "server":
                 rec._learn_server(result, meta)
@@ -284,7 +292,6 @@ class Call:
                 if isinstance(version, str):
                     self.version = version
                     self.held[A_PROTOCOL] = version
-        definitions = rec._tool_definitions(result) if error is None and method == "tools/list" else None
         label = rec._label(meta, self.server)
         if key is None and self.budgeted:
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), tokens)
@@ -300,9 +307,9 @@ class Call:
             for state in update.transitions:
                 rec.aggregate.add("mcp_token_session_transitions", (side, label, state))
         if definitions is not None:
-            rec._tools_listed(meta, side, label, definitions)
+            rec._tools_listed(side, label, definitions, update is not None and update.tools_changed)
         elif self.tool is not None and error is None:
-            rec._costs.output(meta, side, label, m, tokens)
+            rec._costs.output(side, label, m, tokens, update is not None and update.repeat)
         if self.actions or cost is not None:
             guards.signals(self.span, side, self.actions, (self.tool, cost) if cost is not None else None, label)
         for listener in rec.listeners:

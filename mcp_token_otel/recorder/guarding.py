@@ -40,6 +40,22 @@ def _rate_key(side: str, key: str) -> str:
     return f"{side}:{key}"
 
 
+class SharedRate:
+    """The rate limit over a shared budget store: one sliding window per session or conversation for every
+    replica."""
+
+    def __init__(self, ledger: SessionLedger, limit: int) -> None:
+        self._ledger = ledger
+        self._limit = limit
+
+    def hit(self, key: str, *, record_over: bool = False, now: float | None = None) -> tuple[bool, int]:
+        count = self._ledger.rate("guard", key, 60.0, self._limit, record_over)  # type: ignore[arg-type]
+        return count <= self._limit, count
+
+    def forget(self, key: str) -> None:
+        """The window ends by itself (its keys expire)."""
+
+
 class GuardOrchestrator:
     """One guard engine per recorder, shared by every side that ``guard.sides`` lists."""
 
@@ -50,7 +66,12 @@ class GuardOrchestrator:
         max_sessions: int,
         parts: tuple[SessionLedger, LabelBounds, Aggregate, Callable[[str], None]],
     ) -> None:
-        self.engine = GuardEngine(settings, policy, max_sessions=max_sessions)
+        ledger = parts[0]
+        self.engine = GuardEngine(settings, policy, max_sessions=max_sessions,
+                                  limiter=SharedRate(ledger, settings.calls_per_minute) if ledger.shared else None)
+        #: The policies that read a session's budget (a shared store is asked only for them).
+        self._budget_on_request = settings.session_hard_limit
+        self._budget_on_result = settings.session_warning_note
         #: False when no guard mode is on anywhere: adapters skip every guard step (one bool check).
         self.active = self.engine.active
         self.sides = frozenset(settings.sides)
@@ -79,7 +100,7 @@ class GuardOrchestrator:
                 method,
                 params,
                 session_id=_rate_key(side, key) if key is not None else None,
-                budget=self._ledger.budget(side, key),
+                budget=self._ledger.budget(side, key) if self._budget_on_request else None,
             )
         except Exception:
             self._fault("guard")
@@ -101,7 +122,7 @@ class GuardOrchestrator:
                 result,
                 tool=call.tool,
                 arguments=call.arguments,
-                budget=self._ledger.budget(call.side, call.key),
+                budget=self._ledger.budget(call.side, call.key) if self._budget_on_result else None,
                 measurement=m,
                 session_id=_rate_key(call.side, call.key) if call.key is not None else None,  # its calls
             )

@@ -14,7 +14,6 @@ from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
-from ..core.budget import BudgetUpdate
 from ..core.measure import Measurement, Policy
 from ..core.risk import BREACH_TIERS
 from ..semconv import (
@@ -38,6 +37,7 @@ from ..semconv import (
     EVENT_BUDGET,
     EVENT_RISK,
 )
+from ..store import SharedAnswer
 from .bounded_json import truncate
 from .context_costs import ToolList
 
@@ -96,7 +96,7 @@ def _risk_event(span: Span, m: Measurement) -> None:
     span.add_event(EVENT_RISK, event)
 
 
-def _budget_events(span: Span, update: BudgetUpdate) -> None:
+def _budget_events(span: Span, update: SharedAnswer) -> None:
     for state in update.transitions:
         span.add_event(
             EVENT_BUDGET,
@@ -190,7 +190,7 @@ class SpanAnnotator:
         span: Span,
         method: str,
         m: Measurement,
-        update: BudgetUpdate | None,
+        update: SharedAnswer | None,
         definitions: ToolList | None,
         cost: float | None,
         result: Any,

@@ -87,7 +87,8 @@ class TokenRecorder:
         #: Whether ``session`` is the first key source: an adapter that knows the session uses it as the key
         #: without reading anything else of the message.
         self.session_first = bool(self.key_sources) and self.key_sources[0].kind == "session"
-        self._ledger = SessionLedger(budget, self.fault, self._session_ended, self._meta_evicted)
+        self._ledger = SessionLedger(budget, self.fault, self._session_ended, self._meta_evicted,
+                                     repeat_window=self.config.metrics.repeat_window, store_error=self._store_error)
         self._costs = ContextCosts(self.config.metrics.repeat_window, self.aggregate, self._labels, self.fault)
         self._guards = GuardOrchestrator(self.config.guard, self.policy, budget.max_sessions,
                                          (self._ledger, self._labels, self.aggregate, self.fault))
@@ -208,7 +209,7 @@ class TokenRecorder:
             self.fault("metrics")
             return None
 
-    def _tools_listed(self, meta: SessionMeta | None, side: Side, server: str, listed: ToolList) -> None:
+    def _tools_listed(self, side: Side, server: str, listed: ToolList, changed: bool) -> None:
         """A tools/list result: the server's definition gauges (its last list: tools it no longer lists go) and
         the session's prompt-cache churn."""
         agg = self.aggregate
@@ -219,7 +220,7 @@ class TokenRecorder:
                     [((server, part), tokens) for part, tokens in listed.parts.items()])
         agg.replace("mcp_token_tool_static_max_tokens", (server,),
                     [((server, tool), tokens) for tool, tokens in listed.static_max.items()])
-        self._costs.tool_list(meta, side, server, listed)
+        self._costs.tool_list(side, server, listed, changed)
 
     # ------------------------------------------------------------------ spans
 
@@ -252,6 +253,10 @@ class TokenRecorder:
         except Exception:
             self.error_counts["metrics"] += 1
 
+    def _store_error(self, op: str) -> None:
+        """A budget-store operation answered locally (the shared store failed, timed out or is backing off)."""
+        self.aggregate.add("mcp_token_budget_store_errors", (self._labels.fault_server(), op))
+
     def flush(self) -> None:
         """Hand every deferred OpenTelemetry point to its instrument now (tests, shutdown)."""
         self.metrics.flush()
@@ -260,6 +265,7 @@ class TokenRecorder:
         """Stop background work; the sessions that are still open are not ended (uninstrument calls this)."""
         self._end_queued()
         self._ledger.report_ended()
+        self._ledger.close()
         write = getattr(self.aggregate, "write_readers", None)
         if callable(write):  # multiprocess files: what is read from live state is written before the process goes
             try:
