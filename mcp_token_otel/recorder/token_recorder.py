@@ -100,6 +100,9 @@ class TokenRecorder:
         self.tool_names: NameLimiter = self._labels.tool_names
         self._series_cache: dict[tuple[Any, ...], MessageSeries] = {}
         self._start_series(server)
+        if self._ledger.shared:  # the store-error alert takes increase(): the series exist before the first error
+            for op in ("add", "peek", "rate"):
+                self.aggregate.touch("mcp_token_budget_store_errors", (server, op))
 
     def _start_series(self, server: str) -> None:
         """Series that exist from the start: the configured budgets, the sessions read at collection, and the
