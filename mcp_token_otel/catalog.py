@@ -139,7 +139,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_message_tokens", "histogram", "tokens",
            "Estimated tokens of one MCP message (input: request params; output: the response).",
            _MESSAGE, TOKEN_BUCKETS, "mcp_token.message.tokens", "{token}"),
-    Family("mcp_token_tokens", "counter", "tokens", "Estimated tokens of MCP messages.",
+    Family("mcp_token_tokens", "counter", "tokens",
+           "Estimated tokens of MCP messages, by direction: input (a call's name and arguments, once), output (its "
+           "final result, once), input_required (the questions and sealed state of a multi round-trip call), "
+           "input_response (a retry's answers and echoed state), task (task handles, polls and their answers).",
            _MESSAGE, otel_name="mcp_token.tokens", otel_unit="{token}", sum_of="mcp_token_message_tokens"),
     Family("mcp_token_bytes", "counter", "bytes", "UTF-8 bytes of MCP messages.",
            _MESSAGE, otel_name="mcp_token.bytes", otel_unit="By"),
@@ -154,6 +157,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_operation_duration_seconds", "histogram", "seconds",
            "Duration of an MCP request, from the request to its response (the MCP conventions' buckets); errors "
            "included (mcp_token_call_errors_total counts them per error_type).",
+           _OPERATION, DURATION_BUCKETS),
+    Family("mcp_token_logical_call_duration_seconds", "histogram", "seconds",
+           "Duration of a logical call (tools/call, prompts/get, resources/read), from its first request to its "
+           "final result: across its input_required retries (waiting for the answers included) and its task's "
+           "polling; mcp_token_operation_duration_seconds times each request.",
            _OPERATION, DURATION_BUCKETS),
     Family("mcp_token_overhead_tokens", "counter", "tokens",
            "Estimated tokens of output messages that are overhead (framing, _meta, duplicated content); over "

@@ -203,6 +203,12 @@ class MetricsConfig:
     #: Seconds within which the same tool called with the same arguments in one session (or conversation)
     #: counts its output tokens as ``repeated`` waste; 0 turns the check off (no argument digest at all).
     repeat_window: float = field(default=60.0, metadata=_check("a number of seconds >= 0", lambda v: v >= 0))
+    #: Seconds within which a retry of an ``input_required`` answer continues the same logical call (the
+    #: user's answer time; the SDK's sealed state lives 600 s).
+    logical_call_window: float = field(default=600.0, metadata=_POSITIVE)
+    #: Seconds a task's result is awaited to be attributed to the call that created it (at most; a task's own
+    #: ``ttlMs`` ends it sooner).
+    task_window: float = field(default=3600.0, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)

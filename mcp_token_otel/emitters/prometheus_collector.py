@@ -4,7 +4,7 @@ The collector yields prometheus-client Metric objects (for ``generate_latest`` a
 carries a breach's ``trace_id`` exemplar); :meth:`PrometheusCollector.exposition` serves the same bytes from
 :mod:`.prometheus_text`, which writes them straight from copies of the aggregate rows. No ``_created`` series
 unless ``created_series``. The token histogram leaves out the requests' series unless
-``metrics.input_histograms`` (their tokens stay in ``mcp_token_tokens_total``).
+``metrics.input_histograms`` (their tokens stay in ``mcp_token_tokens_total``): it shows responses only.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class PrometheusCollector(Collector):
         if family.kind == "histogram":
             rows = copies[family.name] = agg.hists(family.name)
             if self._hides_input(family):
-                rows = [row for row in rows if row[0].labels[-1] != "input"]
+                rows = [row for row in rows if row[0].labels[-1] == "output"]
             body = text.histogram_text(family, rows)
         elif family.sum_of:
             of = agg.families[family.sum_of]
@@ -111,7 +111,7 @@ class PrometheusCollector(Collector):
         bucket, total, count, created = f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"
         hides_input = self._hides_input(family)
         for series, buckets, value_sum, value_count in self._aggregate.hists(name):
-            if hides_input and series.labels[-1] == "input":
+            if hides_input and series.labels[-1] != "output":
                 continue
             base = dict(zip(family.labels, series.labels, strict=True))
             exemplars = series.exemplars

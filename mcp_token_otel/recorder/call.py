@@ -29,8 +29,10 @@ from ..core.risk import BREACH_TIERS
 from ..emitters.otel_metrics import NO_SPAN
 from ..semconv import A_PROTOCOL, MCP_CLIENT_OPERATION_DURATION, MCP_SERVER_OPERATION_DURATION
 from .guarding import is_refusal
+from .legs import LEG_METHODS, TASK, TASK_RESULT, answer_direction, leg_attributes, link, request_part
 
 if TYPE_CHECKING:
+    from ..core.logical_calls import Leg, Outcome
     from .ledger import SessionMeta, Side
     from .token_recorder import TokenRecorder
 
@@ -67,7 +69,8 @@ class Call:
     """One request and its answer (or a notification), measured once. Made by :meth:`TokenRecorder.begin`."""
 
     __slots__ = ("_events", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted", "held", "key",
-                 "method", "params", "refusal", "server", "side", "span", "started", "tool", "transport", "version")
+                 "leg", "method", "params", "refusal", "server", "side", "span", "started", "tool", "transport",
+                 "version")
 
     def __init__(self, rec: TokenRecorder, side: Side, method: str, params: Any, key: str | None,
                  server: str | None = None, budgeted: bool = True, version: str | None = None) -> None:
@@ -97,6 +100,8 @@ class Call:
         self.actions: tuple[GuardAction, ...] = ()
         #: Whether the answer was recorded (a result, an error, a refusal or a cancellation).
         self.answered = False
+        #: What this exchange is in its logical call (a first leg, a retry, a task message), or None.
+        self.leg: Leg | None = None
         self._input: Measurement | None = None
         self._meta: SessionMeta | None = None
         self._opened = False
@@ -144,8 +149,18 @@ class Call:
         ledger = rec._ledger
         if ledger.ending:
             rec._end_queued()
+        counted, direction = self.params, "input"
+        if self.method in LEG_METHODS:
+            try:
+                leg = self.leg = rec.logical[self.side].request(self.method, self.params, self.key)
+                counted, direction = request_part(leg, self.params)
+                if leg.role == TASK:
+                    self.budgeted = False  # task bookkeeping never enters the model's context
+                link(self.span, leg)
+            except Exception:
+                rec.fault("metrics")
         try:
-            m = measure_request(self.method, self.params, rec.policy)
+            m = measure_request(self.method if direction == "input" else "", counted, rec.policy)
         except Exception:
             rec.fault("estimate")
             if attributes:
@@ -164,7 +179,7 @@ class Call:
         if label == UNKNOWN_SERVER and self.method in _NAMING and side != "server" and meta is not None:
             meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
         else:
-            message_metrics(rec, side, self.method, self.tool, "input", m, label)
+            message_metrics(rec, side, self.method, self.tool, direction, m, label)
         self.started = time.perf_counter() if started is None else started
 
     # ------------------------------------------------------------------ the answer
@@ -240,51 +255,84 @@ class Call:
                 for state in update.transitions:
                     self._rec.aggregate.add("mcp_token_session_transitions", (self.side, label, state))
 
-    def _answer(self, result: Any, error: Any, at: float | None, *, guard: bool) -> Any:
-        """Measure the answer; with ``guard``, a result goes through the result-side guards. Returns what to
-        deliver (``result`` itself when no guard changed it, and on any fault)."""
+    def delivered(self, outcome: Outcome) -> None:
+        """This notification delivered a task's result (``notifications/tasks``): counted as the result of the
+        call that created the task."""
+        if not self.answered:
+            self.answered = True
+            self._answer(outcome.result, outcome.error, None, guard=False, outcome=outcome)
+
+    def _answer(self, result: Any, error: Any, at: float | None, *, guard: bool, outcome: Outcome | None = None
+                ) -> Any:
+        """Measure the answer; with ``guard``, a call's final result goes through the result-side guards. Returns
+        what to deliver (``result`` itself when no guard changed it, and on any fault). ``outcome``: what the
+        answer is in its logical call, when already known (a task notification)."""
         rec = self._rec
         if not self._opened:
             self.open()
         ledger = rec._ledger
         if ledger.ending:
             rec._end_queued()
-        side, key, method = self.side, self.key, self.method
+        side = self.side
         duration = max(0.0, (time.perf_counter() if at is None else at) - self.started)
+        leg = self.leg
+        if leg is not None and outcome is None:
+            try:
+                logical = rec.logical[side]
+                outcome = logical.error(leg, error) if error is not None else logical.result(leg, result)
+            except Exception:
+                rec.fault("metrics")
+        direction = answer_direction(leg, outcome)
+        # What is counted: the answer, or for a task's result, its call's result (method, tool and budget too).
+        method, tool, key, counted, failure = self.method, self.tool, self.key, result, error
+        budgeted = self.budgeted
+        task_call = outcome.call if outcome is not None and outcome.kind == TASK_RESULT else None
+        delivered_by_task = task_call is not None
+        if task_call is not None and outcome is not None:
+            method, key, counted, failure = task_call.method, task_call.key, outcome.result, outcome.error
+            tool, budgeted = task_call.target if task_call.method == "tools/call" else None, True
         try:
-            if error is not None:
-                m = measure_error(method, error, tool_name=self.tool, policy=rec.policy)
+            if failure is not None:
+                m = measure_error(method, failure, tool_name=tool, policy=rec.policy)
             else:
-                m = measure_result(method, result, tool_name=self.tool, policy=rec.policy)
+                m = measure_result(method, counted, tool_name=tool, policy=rec.policy)
         except Exception:
             rec.fault("estimate")
             self._unanswered()
             return result
+        final = direction == "output"
         deliver, tokens, cost = result, m.total_tokens, None
         guards = rec._guards
-        if error is None:
-            if guard and guards.active and side in guards.sides and not is_refusal(result):
+        if final and failure is None:
+            # A task's result cannot be rewritten inside its task message: observed only.
+            if guard and not delivered_by_task and guards.active and side in guards.sides and not is_refusal(result):
                 deliver, actions, tokens, cost = guards.result(self, result, m)
                 self.actions += actions
             elif guards.cost_on:
                 cost = guards.cost(tokens)
-        meta = self._meta
-        if meta is None and self.budgeted:
-            meta = self._meta = ledger.meta(side, key, self.server, None)
-        definitions = rec._tool_definitions(result) if error is None and method == "tools/list" else None
-        inputs = self._input.total_tokens if self._input is not None else 0
+        meta = self._meta if key == self.key else None
+        if meta is None and budgeted:
+            meta = ledger.meta(side, key, self.server, None)
+            if key == self.key:
+                self._meta = meta
+        definitions = rec._tool_definitions(counted) if failure is None and method == "tools/list" else None
+        inputs = self._input.total_tokens if self._input is not None and self.budgeted else 0
         self._input = None
         update = None
-        if self.budgeted and key is not None:
+        if budgeted and key is not None:
             costs = rec._costs
+            # A retry is never a repeated call: a call's digest is asked at its final result, unless its first
+            # leg was not seen.
+            repeatable = final and tool is not None and failure is None and not delivered_by_task and not (
+                outcome is not None and outcome.call is not None and outcome.call.partial)
             update = ledger.record(
-                side, key, inputs + tokens,
-                costs.call_digest(self.tool, self.arguments) if self.tool is not None and error is None else None,
+                side, key, inputs + (0 if direction == "task" else tokens),
+                costs.call_digest(tool, self.arguments) if repeatable and tool is not None else None,
                 costs.tools_digest(meta, definitions) if definitions is not None else None,
             )
         elif ledger.ended_waiting:
             ledger.report_ended()  # budgets let go of at a collection: reported at this safe point
-        if error is None:
+        if failure is None and counted is result:
             if meta is not None and meta.server is None and side != "server":
                 rec._learn_server(result, meta)
             if method == "initialize" and isinstance(result, dict):
@@ -293,30 +341,40 @@ class Call:
                     self.version = version
                     self.held[A_PROTOCOL] = version
         label = rec._label(meta, self.server)
-        if key is None and self.budgeted:
+        if key is None and budgeted and direction != "task":
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), tokens)
         if meta is not None and meta.pending is not None:  # the naming request, now with its server
             pending, meta.pending = meta.pending, None
             message_metrics(rec, pending[0], pending[1], pending[2], "input", pending[3], label)
         transport, protocol = self._convention_attributes(meta)
+        if leg is not None:
+            self.held.update(leg_attributes(leg, outcome, result))
         if self.span is not None:
-            rec._spans.response(self.span, method, m, update, definitions, cost, result, error, self.held)
+            rec._spans.response(self.span, method, m, update, definitions, cost, counted, failure, self.held)
             self.held = {}
-        message_metrics(rec, side, method, self.tool, "output", m, label, duration, transport, protocol)
+        if delivered_by_task:  # the call's output under its own labels; this task message's duration under its own
+            message_metrics(rec, side, method, tool, "output", m, label)
+            if leg is not None:  # a request's (a notification has no duration)
+                leg_duration(rec, side, label, self.method, self.tool, duration, transport, protocol)
+        else:
+            message_metrics(rec, side, method, tool, direction, m, label, duration, transport, protocol)
+        if final and outcome is not None and outcome.call is not None and outcome.duration is not None:
+            logical_duration(rec, side, label, method, tool, outcome.duration)
         if update is not None:
             for state in update.transitions:
                 rec.aggregate.add("mcp_token_session_transitions", (side, label, state))
         if definitions is not None:
             rec._tools_listed(side, label, definitions, update is not None and update.tools_changed)
-        elif self.tool is not None and error is None:
+        elif final and tool is not None and failure is None:
             rec._costs.output(side, label, m, tokens, update is not None and update.repeat)
         if self.actions or cost is not None:
-            guards.signals(self.span, side, self.actions, (self.tool, cost) if cost is not None else None, label)
-        for listener in rec.listeners:
-            try:
-                listener(self, m)
-            except Exception:
-                rec.fault("metrics")
+            guards.signals(self.span, side, self.actions, (tool, cost) if cost is not None else None, label)
+        if final:
+            for listener in rec.listeners:
+                try:
+                    listener(self, m)
+                except Exception:
+                    rec.fault("metrics")
         return deliver
 
     def _convention_attributes(self, meta: SessionMeta | None) -> tuple[Any, Any]:
@@ -352,7 +410,13 @@ class OffCall(Call):
     def error(self, error: Any, at: float | None = None) -> None:
         return None
 
+    def refused(self, at: float | None = None) -> dict[str, Any]:
+        return self.refusal or {}
+
     def cancelled(self, at: float | None = None) -> None:
+        return None
+
+    def delivered(self, outcome: Outcome) -> None:
         return None
 
     def failed(self, exc: BaseException, error: Any = None, *, on_span: bool = True) -> None:
@@ -375,16 +439,37 @@ def message_metrics(rec: TokenRecorder, side: str, method: str, tool: str | None
         agg.add_message(ms, m.total_tokens, m.bytes, m.overhead_tokens, tier, _exemplar(), None)
     else:
         agg.add_message(ms, m.total_tokens, m.bytes, m.overhead_tokens, tier, None, NO_SPAN)
-    if not output:
-        return
-    error_type = m.error_type
+    error_type = m.error_type if output else None
     if error_type is not None:
         agg.add("mcp_token_call_errors", (*ms.out, error_type))
     if duration is not None:
-        agg.add_duration(ms, duration)
-        if agg.points is not None:
-            name = MCP_SERVER_OPERATION_DURATION if side == "server" else MCP_CLIENT_OPERATION_DURATION
-            _, server, method_label, tool_label = ms.out
-            agg.observe(name, (None if side in _CONVENTION_SIDES else side, server, method_label, tool_label,
-                               error_type, transport, protocol), duration, NO_SPAN)
+        operation_duration(rec, ms, side, duration, error_type, transport, protocol)
 
+
+def operation_duration(rec: TokenRecorder, ms: Any, side: str, duration: float, error_type: str | None,
+                       transport: Any, protocol: Any) -> None:
+    """One request's duration: the Prometheus family and the MCP conventions' instrument."""
+    agg = rec.aggregate
+    if ms.duration is not None:
+        agg.add_duration(ms, duration)
+    else:  # a leg that is not a call's final answer
+        agg.observe("mcp_token_operation_duration_seconds", ms.out, duration)
+    if agg.points is not None:
+        name = MCP_SERVER_OPERATION_DURATION if side == "server" else MCP_CLIENT_OPERATION_DURATION
+        _, server, method_label, tool_label = ms.out
+        agg.observe(name, (None if side in _CONVENTION_SIDES else side, server, method_label, tool_label,
+                           error_type, transport, protocol), duration, NO_SPAN)
+
+
+def leg_duration(rec: TokenRecorder, side: str, label: str, method: str, tool: str | None, duration: float,
+                 transport: Any, protocol: Any) -> None:
+    """A task message's own operation duration (its answer counted as its call's output)."""
+    operation_duration(rec, rec._series(side, label, method, tool, "task", False), side, duration, None, transport,
+                       protocol)
+
+
+def logical_duration(rec: TokenRecorder, side: str, label: str, method: str, tool: str | None,
+                     seconds: float) -> None:
+    """A logical call's whole duration, from its first request to its final answer."""
+    ms = rec._series(side, label, method, tool, "output", False)
+    rec.aggregate.observe("mcp_token_logical_call_duration_seconds", ms.out, seconds)

@@ -26,6 +26,7 @@ from ..core.budget import BUDGET_STATES
 from ..core.budget_key import KeyFacts, KeySource, choose_budget_key, parse_key_sources
 from ..core.guard import GuardEngine
 from ..core.labels import UNKNOWN_SERVER, NameLimiter
+from ..core.logical_calls import TASK_NOTIFICATIONS, TASK_RESULT, LogicalCalls
 from ..core.measure import Measurement, Policy
 from ..core.protocol import server_info_name
 from ..emitters.aggregate import Aggregate, MessageSeries
@@ -99,6 +100,12 @@ class TokenRecorder:
         #: Bounded tool-name labels.
         self.tool_names: NameLimiter = self._labels.tool_names
         self._series_cache: dict[tuple[Any, ...], MessageSeries] = {}
+        #: The legs of each side's logical calls (multi round-trip requests, tasks), joined.
+        self.logical: dict[str, LogicalCalls] = {
+            side: LogicalCalls(window=self.config.metrics.logical_call_window,
+                               task_window=self.config.metrics.task_window, max_entries=budget.max_sessions)
+            for side in _SIDES
+        }
         self._start_series(server)
         if self._ledger.shared:  # the store-error alert takes increase(): the series exist before the first error
             for op in ("add", "peek", "rate"):
@@ -134,6 +141,14 @@ class TokenRecorder:
         """A notification: its tokens on the metrics, on no budget (``key`` only names the session's server)."""
         call = self.begin(side, method, params, key, server=server, budgeted=False)
         call.open(span)
+        if method in TASK_NOTIFICATIONS:  # a task's state, its call's result inlined once it is done
+            try:
+                outcome = self.logical[side].notification(method, params)
+            except Exception:
+                self.fault("metrics")
+                outcome = None
+            if outcome is not None and outcome.kind == TASK_RESULT:
+                call.delivered(outcome)
         call.close()
 
     def budget_key(self, facts: KeyFacts) -> str | None:

@@ -233,8 +233,11 @@ def add_middleware(shim: V2Shim, server: Any) -> None:
         low = getattr(server, "_lowlevel_server", server)
         chain = low.middleware
         if not any(getattr(m, MARK, False) for m in chain):
-            # After OpenTelemetryMiddleware (index 0): we run inside the SDK's SERVER span.
-            chain.append(TokenMiddleware(shim, getattr(low, "name", None)))
+            # Right after the SDK's OpenTelemetryMiddleware, whatever was added since: inside the SDK's SERVER
+            # span, and before any middleware that rewrites the wire (the sealing of a multi round-trip
+            # request's state), so what is measured is what the client sends and receives.
+            at = next((i + 1 for i, m in enumerate(chain) if type(m).__name__ == "OpenTelemetryMiddleware"), 0)
+            chain.insert(at, TokenMiddleware(shim, getattr(low, "name", None)))
         shim.servers.add(low)
     except Exception:
         shim.recorder.fault("install")
