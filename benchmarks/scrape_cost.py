@@ -168,8 +168,9 @@ def main() -> None:
     lines = body.count(b"\n")
     print(f"bytes={len(body):,} ({len(body) / 1e6:.2f} MB) lines={lines:,} "
           f"gzip={len(gzip.compress(body, compresslevel=1)):,} (as the /metrics server sends it)")
-    print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB ({series:,} series, {size // series:,} B each)"
-                                           for name, size, series in families(body)[:6]))
+    largest = families(body)[:6]  # a _created family of the client's layout has no series of its own
+    print("largest families: " + ", ".join(f"{name} {size / 1e3:.0f} KB ({series:,} series, "
+                                           f"{size // max(series, 1):,} B each)" for name, size, series in largest))
     print(f"exposition() gives generate_latest's bytes: {fast == body}")
     for label, times in timings.items():
         print(f"{label} ms: {summary(times)}")
