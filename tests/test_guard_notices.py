@@ -19,6 +19,7 @@ from mcp_token_otel.core.measure import Policy, measure_result
 from mcp_token_otel.recorder import TokenRecorder
 from tests.conftest import chars4
 
+from .calls import exchange
 from .support import make_config
 
 C4 = Policy(estimator=chars4, estimator_name="chars/4")
@@ -141,10 +142,7 @@ def test_notices_through_the_recorder() -> None:
     try:
         def call(method: str, params: Any, result: Any, tool: str | None = None) -> Any:
             span = rec.start_span(method, SpanKind.SERVER)
-            refusal = rec.guard_request(span, "server", method, params, "s1")
-            rec.record_input(span, "server", method, params, "s1")
-            _, delivered = rec.record_guarded_output(span, "server", method, tool, refusal or result, "s1",
-                                                     arguments=(params or {}).get("arguments"))
+            delivered, _ = exchange(rec, "server", method, params, "s1", result=result, span=span, guard=True)
             rec.end_span(span)
             return delivered
 
@@ -164,8 +162,9 @@ def test_notices_through_the_recorder() -> None:
                              r"session before it runs out\.\]", note)
         assert found is not None, note
         assert int(found[1].replace(",", "")) == budget.tokens and int(found[2]) == round(100 * budget.utilization)
-        assert found[4] is None or int(found[4]) == 2  # tool calls, never the session's messages (8 by now)
-        assert budget.calls == 8 and budget.state == "exhausted"
+        assert found[4] is None or int(found[4]) == 2  # tool calls, never the session's exchanges (4 by now)
+        # Redesign: a request and its answer go to the budget together, once per exchange: 4 records, not 8.
+        assert budget.calls == 4 and budget.state == "exhausted"
         refused = call("tools/call", params, text_result("never"), "read_text_file")
         assert refused["isError"] is True
         text = refused["content"][0]["text"]
