@@ -33,20 +33,14 @@ WIDGETS = Family("mcp_token_test_widgets", "counter", "widgets", "Widgets made (
 LATENCY = Family("mcp_token_test_latency_seconds", "histogram", "seconds", "Widget latency (this test's only).",
                  ("side", "server"), (0.1, 1.0), "mcp_token.test.latency", "s")
 NEW = (WIDGETS, LATENCY)
-#: The modules that import the catalog's FAMILIES under their own name.
-CATALOG_COPIES = ("mcp_token_otel.catalog", "mcp_token_otel.emitters.aggregate", "mcp_token_otel.emitters.otel_metrics",
-                  "mcp_token_otel.emitters.prometheus_multiprocess", "mcp_token_otel.proxy.telemetry")
 
 
 def add_to_catalog(setattr_: Callable[[Any, str, Any], None]) -> None:
-    """The catalog entries: NEW appended to FAMILIES (and its lookups), wherever a module holds it by name."""
-    import importlib
-
+    """The catalog entries: NEW appended to the catalog's FAMILIES (and its lookups); nothing else changes."""
     from mcp_token_otel import catalog
 
     families = (*catalog.FAMILIES, *NEW)
-    for name in CATALOG_COPIES:
-        setattr_(importlib.import_module(name), "FAMILIES", families)
+    setattr_(catalog, "FAMILIES", families)
     setattr_(catalog, "BY_NAME", {f.name: f for f in families if f.name})
     setattr_(catalog, "BY_OTEL_NAME", {f.otel_name: f for f in families if f.otel_name})
 

@@ -62,21 +62,24 @@ def test_session_metadata_without_a_budget_is_bounded_too(monkeypatch: pytest.Mo
     def budget_fault(session_id: str, tokens: int) -> Any:
         raise RuntimeError("budget registry down")
 
-    # Sessions the registry never holds (it fails): only their metadata is kept, bounded by the same limit.
+    # Sessions the registry never holds (it fails): only their metadata is kept, bounded too. The metadata of a
+    # session is made at its first request and its budget at its first answer, so the metadata's bound is twice the
+    # budgets' (the budgets' own least-recently-used end acts first on sessions that have one).
     monkeypatch.setattr(recorder.sessions["server"], "record", budget_fault)
-    for i in range(3):
+    for i in range(6):
         call(recorder, f"o{i}", f"srv{i}")
     call(recorder, "o0", "srv0")
     order = []
-    for i in range(3, 6):
+    for i in range(6, 9):
         call(recorder, f"o{i}", f"srv{i}")
         order.append(evicted(scrape(recorder)))
-    assert order == [{"srv1": 1}, {"srv1": 1, "srv2": 1}, {"srv1": 1, "srv2": 1, "srv0": 1}]
+    assert order == [{"srv1": 1}, {"srv1": 1, "srv2": 1}, {"srv1": 1, "srv2": 1, "srv3": 1}]
     found = scrape(recorder)
-    assert [found.value("mcp_token_sessions_evicted_total", server=f"srv{i}") for i in range(6)] == [1, 1, 1, 0, 0, 0]
+    assert [found.value("mcp_token_sessions_evicted_total", server=f"srv{i}") for i in range(9)] == \
+        [0, 1, 1, 1, 0, 0, 0, 0, 0]
     assert ended(found) == {}  # no budget, so no utilization to observe: only the eviction is news
     # Every failed budget update is a counted fault (one per exchange: its request and answer count together).
-    assert recorder.error_counts == {"budget": 7}
+    assert recorder.error_counts == {"budget": 10}
 
 
 def test_an_evicted_initialize_still_records_its_held_request() -> None:
@@ -86,15 +89,19 @@ def test_an_evicted_initialize_still_records_its_held_request() -> None:
         return found.value("mcp_token_tokens_total", side="client", method="initialize", direction="input")
 
     # A client's initialize waits for its result to name the server; its session is evicted first.
+    # (The metadata's bound is twice the budgets': the third session's evicts the first's.)
     first = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c1")
     first.open()
     assert requested(scrape(recorder)) == 0
     second = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c2")
     second.open()
+    assert requested(scrape(recorder)) == 0
+    third = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c3")
+    third.open()
     found = scrape(recorder)
     assert requested(found) > 0  # recorded when c1 went, not lost
     assert found.value("mcp_token_tokens_total", side="client", method="initialize", server="_unknown") == \
         requested(found)
     assert found.value("mcp_token_sessions_evicted_total", side="client", server="_unknown") == 1
-    for pending in (first, second):
+    for pending in (first, second, third):
         pending.close()

@@ -28,7 +28,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..catalog import FAMILIES, OVERFLOW_VALUE, Family
+from .. import catalog
+from ..catalog import OVERFLOW_VALUE, Family
 from ..core.risk import BREACH_TIERS
 
 #: Bound on distinct series per family; labels are bounded upstream, this bounds memory whatever happens.
@@ -151,15 +152,20 @@ class MessageSeries:
     together: the token histogram (whose sums are the token counter), the byte counter and, for a response, the
     overhead counter, the response counter of each risk tier and the operation duration."""
 
-    __slots__ = ("bytes", "duration", "folding", "out", "overhead", "points", "tiers", "tokens")
+    __slots__ = ("bytes", "duration", "duration_folding", "folding", "out", "overhead", "points", "tiers",
+                 "token_count", "tokens")
 
     def __init__(self, out: tuple[Any, ...]) -> None:
         #: (side, server, method, tool): a response's tier series are keyed by these and the tier.
         self.out = out
         self.tokens: Any = None
+        #: The token counter's own series, where it is not the token histogram's sums (multiprocess files).
+        self.token_count: Any = None
         self.bytes: Any = None
         self.overhead: Any = None
         self.duration: Any = None
+        #: The duration family, when its series is the overflow series (each observation adds 1 to its ``folded``).
+        self.duration_folding: Stored | None = None
         #: A response's series per risk tier, made at the tier's first response.
         self.tiers: dict[str, tuple[Any, bool]] | None = None
         #: The stored families whose overflow series these are (each record adds 1 to their ``folded``).
@@ -176,9 +182,9 @@ class Aggregate:
     token points of requests (their stored series always exist: the token counter is their sums).
     """
 
-    def __init__(self, families: Iterable[Family] = FAMILIES, *, input_histograms: bool = False) -> None:
+    def __init__(self, families: Iterable[Family] | None = None, *, input_histograms: bool = False) -> None:
         self.lock = threading.Lock()
-        self.families: dict[str, Family] = {f.key: f for f in families}
+        self.families: dict[str, Family] = {f.key: f for f in (catalog.FAMILIES if families is None else families)}
         self.input_histograms = input_histograms
         #: Where OpenTelemetry histogram points go; None until a meter is attached (otel_metrics.attach).
         self.points: Points | None = None
@@ -287,7 +293,10 @@ class Aggregate:
             ms.bytes = slot("mcp_token_bytes", key)
             if output:
                 ms.overhead = slot("mcp_token_overhead_tokens", out)
-                ms.duration = self.stored[_DURATION].get(out)[0]
+                durations = self.stored[_DURATION]
+                ms.duration, folded = durations.get(out)
+                if folded:
+                    ms.duration_folding = durations
                 ms.tiers = {}
         ms.folding = tuple(folding)
         if output:
@@ -350,6 +359,8 @@ class Aggregate:
         index = bisect_left(self.families[_DURATION].buckets, seconds)
         with self.lock:
             ms.duration.add(index, seconds)
+            if ms.duration_folding is not None:
+                ms.duration_folding.folded += 1
 
     # ------------------------------------------------------------------ collection
 

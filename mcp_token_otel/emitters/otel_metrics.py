@@ -20,7 +20,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
-from ..catalog import FAMILIES, Family
+from ..catalog import Family
 from ..semconv import SCHEMA_URL, SCOPE_NAME
 from .aggregate import Aggregate
 
@@ -135,13 +135,13 @@ class OtelMetrics:
     """An aggregate's OpenTelemetry side: its instruments on a meter and the points it records."""
 
     def __init__(self, aggregate: Aggregate, meter_provider: metrics.MeterProvider | None = None,
-                 version: str = "", families: Iterable[Family] = FAMILIES) -> None:
+                 version: str = "") -> None:
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter(SCOPE_NAME, version, schema_url=SCHEMA_URL)
         with _INSTRUMENTS_LOCK:
             shared = _INSTRUMENTS.get(meter)
             if shared is None:
-                shared = _INSTRUMENTS[meter] = _MeterInstruments(meter, families)
+                shared = _INSTRUMENTS[meter] = _MeterInstruments(meter, aggregate.families.values())
         self._shared = shared
         self._aggregate = aggregate
         shared.add(aggregate)

@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
-from ..catalog import FAMILIES, Family
+from ..catalog import Family
 from .aggregate import Aggregate, MessageSeries, Reader, Rows, label_values
 
 #: Seconds between a process's writes of the families read from its state (done on a message).
@@ -50,7 +50,7 @@ def _metric(family: Family, registry: CollectorRegistry) -> Any:
 class SharedFilesAggregate(Aggregate):
     """An :class:`Aggregate` whose values are prometheus-client children writing the multiprocess files."""
 
-    def __init__(self, families: Iterable[Family] = FAMILIES, *, input_histograms: bool = False) -> None:
+    def __init__(self, families: Iterable[Family] | None = None, *, input_histograms: bool = False) -> None:
         super().__init__(families, input_histograms=input_histograms)
         # Registered nowhere: these processes only write; the serving process's collector reads the files.
         registry = CollectorRegistry()
@@ -97,7 +97,11 @@ class SharedFilesAggregate(Aggregate):
         if found is None:
             out = (side, server, method, tool)
             found = MessageSeries(out)
-            found.tokens = self.child(_TOKENS, key)
+            # A request's tokens go to the counter alone unless metrics.input_histograms (the histogram shows
+            # responses); here the counter is a family of its own (the files cannot sum a histogram's series).
+            if direction == "output" or self.input_histograms:
+                found.tokens = self.child(_TOKENS, key)
+            found.token_count = self.child("mcp_token_tokens", key)
             found.bytes = self.child("mcp_token_bytes", key)
             if direction == "output":
                 found.overhead = self.child("mcp_token_overhead_tokens", out)
@@ -112,7 +116,9 @@ class SharedFilesAggregate(Aggregate):
 
     def add_message(self, ms: MessageSeries, tokens: int, size: int, overhead: int, tier: str | None,
                     exemplar: dict[str, str] | None = None, context: Any = None) -> None:
-        ms.tokens.observe(tokens)
+        if ms.tokens is not None:
+            ms.tokens.observe(tokens)
+        ms.token_count.inc(tokens)
         ms.bytes.inc(size)
         if ms.overhead is not None and tier is not None:
             ms.overhead.inc(overhead)
@@ -150,14 +156,10 @@ class SharedFilesAggregate(Aggregate):
         reader = self.readers.get(name)
         if reader is not None:
             return reader()
-        family = self.families[name]
-        of = family.sum_of or name
         rows: Rows = []
         for (child_name, labels), child in list(self._children.items()):
-            if child_name != of:
-                continue
-            value = child._sum.get() if family.sum_of else child._value.get()
-            rows.append((label_values(labels), value))
+            if child_name == name:
+                rows.append((label_values(labels), child._value.get()))
         return rows
 
     def present(self, family: Family) -> bool:

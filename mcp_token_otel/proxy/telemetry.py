@@ -11,7 +11,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
-from ..catalog import FAMILIES
+from .. import catalog
 from ..config import Config
 from ..recorder import TokenRecorder
 from .jsonrpc import Measurer, ProxyStats
@@ -40,7 +40,7 @@ def _read_stats(recorder: TokenRecorder, stats: ProxyStats) -> None:
     def reader(name: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
         return lambda: _stats_rows(stats)[name]
 
-    for family in FAMILIES:
+    for family in catalog.FAMILIES:
         if family.emitter == "proxy":
             recorder.aggregate.read_with(family.key, reader(family.key))
 

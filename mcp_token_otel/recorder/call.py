@@ -108,6 +108,11 @@ class Call:
         self._events: _Events | None = None
 
     @property
+    def pending_tokens(self) -> int:
+        """The request's tokens, not in its budget yet (they are added with the answer)."""
+        return self._input.total_tokens if self._input is not None and self.budgeted else 0
+
+    @property
     def arguments(self) -> Any:
         """A tools/call's arguments (the guards' chain, padding and pagination policies read them)."""
         return self.params.get("arguments") if self.tool is not None else None

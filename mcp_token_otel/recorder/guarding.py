@@ -122,7 +122,8 @@ class GuardOrchestrator:
                 result,
                 tool=call.tool,
                 arguments=call.arguments,
-                budget=self._ledger.budget(call.side, call.key) if self._budget_on_result else None,
+                budget=(self._ledger.budget(call.side, call.key, call.pending_tokens) if self._budget_on_result
+                        else None),
                 measurement=m,
                 session_id=_rate_key(call.side, call.key) if call.key is not None else None,  # its calls
             )

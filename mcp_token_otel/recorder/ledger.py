@@ -23,6 +23,7 @@ from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement
 from ..semconv import A_TRANSPORT
 from ..store import BudgetEnd, BudgetStore, SharedAnswer, open_store
+from ..store.base import state_of
 
 Side = Literal["client", "server", "proxy"]
 SIDES: tuple[Side, ...] = ("client", "server", "proxy")
@@ -76,7 +77,11 @@ class SessionLedger:
         self._fault = fault
         self._report_end = ended
         self._report_evicted = evicted
-        self._max_meta = budget.max_sessions
+        # The metadata of a session is made at its first request, its budget at its first answer: the budgets' own
+        # bound (the store's least recently used end, reported with their metadata) acts first; this one only
+        # bounds what the store never saw (a budget fault, requests that never got an answer).
+        self._max_meta = 2 * budget.max_sessions
+        self._budget = budget
         # Sessions ended under the store's lock, to report after it.
         self._ended: deque[Ended] = deque()
         #: Sessions to end at the next safe point (end_soon: garbage-collection callbacks). Read on every message.
@@ -108,15 +113,23 @@ class SessionLedger:
             self.report_ended()
         return answer
 
-    def budget(self, side: Side, key: str | None) -> BudgetAnswer | None:
-        """The budget as it stands (the guards read it; a shared store is asked), or None."""
+    def budget(self, side: Side, key: str | None, pending: int = 0) -> BudgetAnswer | None:
+        """The budget as it stands (the guards read it; a shared store is asked), or None. ``pending``: tokens of
+        the current call not added yet (its request's, added with its answer), counted in."""
         if key is None:
             return None
         try:
-            return self.store.peek(side, key)
+            view = self.store.peek(side, key)
         except Exception:
             self._fault("budget")
             return None
+        if not pending:
+            return view
+        budget = self._budget
+        tokens = view.tokens + pending
+        window = budget.context_window
+        state = state_of(tokens, window * budget.warning_ratio, window * budget.exhaustion_ratio)
+        return SharedAnswer(tokens, tokens / window, state, calls=view.calls, context_window=window)
 
     def rate(self, side: Side, key: str, window: float, limit: int, record_over: bool) -> int:
         """One event of ``key`` in a sliding window shared with every replica: the events in it, this one

@@ -107,9 +107,6 @@ class TokenRecorder:
             for side in _SIDES
         }
         self._start_series(server)
-        if self._ledger.shared:  # the store-error alert takes increase(): the series exist before the first error
-            for op in ("add", "peek", "rate"):
-                self.aggregate.touch("mcp_token_budget_store_errors", (server, op))
 
     def _start_series(self, server: str) -> None:
         """Series that exist from the start: the configured budgets, the sessions read at collection, and the
@@ -120,6 +117,8 @@ class TokenRecorder:
             agg.set("mcp_token_output_rate_budget_tokens_per_second", (scope, server), value)
         agg.read_with("mcp_token_sessions", self._session_rows)
         agg.touch("mcp_token_instrumentation_errors", ("estimate", server))
+        for op in ("add", "peek", "rate"):  # the store-error alert takes increase(): 0 until the first error
+            agg.touch("mcp_token_budget_store_errors", (server, op))
         if server != UNKNOWN_SERVER:  # an unknown name gets its real one later
             for side in _SIDES:
                 agg.touch_server(side, server)
