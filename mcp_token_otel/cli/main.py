@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TextIO, cast
 
 import yaml
 
+from .. import __version__
 from ..config import SECRET_KEYS, Config, ConfigError, build_policy, config_as_dict, load_config
 from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from ..core.measure import Measurement, Policy, measure_message, measure_result
@@ -224,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Token economics for MCP tool calls: estimates, overhead, risk tiers, budgets.",
     )
     parser.add_argument("--config", help="YAML configuration file (default: $MCP_TOKEN_OTEL_CONFIG)")
+    parser.add_argument("--version", action="version", version=f"mcp-token-otel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     est = sub.add_parser("estimate", help="estimate and classify a payload or an MCP JSON-RPC message")
