@@ -5,10 +5,13 @@ HTTP proxy listens."""
 from __future__ import annotations
 
 import importlib.metadata
+import sys
+
+import pytest
 
 import mcp_token_otel
 
-from .test_cli import run
+from .test_cli import one_line_error, run
 
 
 def test_version_prints_the_package_version() -> None:
@@ -17,3 +20,21 @@ def test_version_prints_the_package_version() -> None:
     assert out.stdout.decode() == f"mcp-token-otel {mcp_token_otel.__version__}\n"
     # the version the package metadata was built with is the same declaration
     assert importlib.metadata.version("mcp-token-otel") == mcp_token_otel.__version__
+
+
+# --- ports: one validation for every command ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["70000", "-1", "99999", "80x"])
+@pytest.mark.parametrize("command", [("demo",), ("proxy", "--metrics-required")])
+def test_every_command_refuses_a_bad_port_alike(command: tuple[str, ...], value: str) -> None:
+    # the proxy's child would be this interpreter doing nothing: the refusal comes before anything starts
+    out = run(*command, "--metrics-port", value, "--", sys.executable, "-c", "pass") if command[0] == "proxy" \
+        else run(*command, "--metrics-port", value)
+    one_line_error(out, b"argument --metrics-port: expected a port number from 0 to 65535", repr(value).encode())
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:70000", "127.0.0.1:-1", "nowhere"])
+def test_the_http_proxy_refuses_a_bad_listen_port_alike(listen: str) -> None:
+    one_line_error(run("proxy", "--listen", listen, "--upstream", "http://127.0.0.1:1/mcp"),
+                   b"argument --listen: expected HOST:PORT")
