@@ -5,6 +5,7 @@ HTTP proxy listens."""
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 import sys
 
 import pytest
@@ -38,3 +39,13 @@ def test_every_command_refuses_a_bad_port_alike(command: tuple[str, ...], value:
 def test_the_http_proxy_refuses_a_bad_listen_port_alike(listen: str) -> None:
     one_line_error(run("proxy", "--listen", listen, "--upstream", "http://127.0.0.1:1/mcp"),
                    b"argument --listen: expected HOST:PORT")
+
+
+def test_the_demo_on_a_busy_port_is_one_error_with_the_way_out() -> None:
+    with socket.socket() as busy:  # a real listener holds the port for the whole run
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run("demo", "--metrics-port", str(port), "--duration", "1", "--quiet")
+    one_line_error(out, f"cannot listen for /metrics on 127.0.0.1:{port}".encode(), b"--metrics-port 0")
+    assert out.stdout == b""  # nothing started, nothing printed

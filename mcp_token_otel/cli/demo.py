@@ -340,6 +340,18 @@ def _ensure_tracing(config: Config) -> None:
         trace.set_tracer_provider(TracerProvider())
 
 
+def _check_metrics_port(options: DemoOptions) -> None:
+    """A busy /metrics port is one error, with the way out, before anything is instrumented (the /metrics
+    server would otherwise log its own failure, then the demo its own)."""
+    from ..proxy.startup import StartupError, check_port_free
+
+    try:
+        check_port_free(options.metrics_host, options.metrics_port, "/metrics")
+    except StartupError as exc:
+        hint = " (--metrics-port 0 picks a free port)" if options.metrics_port else ""
+        raise RuntimeError(f"{exc}{hint}") from None
+
+
 async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
     """Run the demo workload; returns the final figures (also printed)."""
     from .. import instrumentation as shim
@@ -360,6 +372,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             guard, mode="enforce", max_response_tokens=guard.max_response_tokens or DEMO_CAP,
             session_hard_limit=True, model=guard.model or DEMO_MODEL, sides=["server"],
         ))
+    _check_metrics_port(options)
     _ensure_tracing(config)
     recorder = shim.instrument(config)
     if recorder is None:
