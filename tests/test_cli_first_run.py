@@ -49,3 +49,12 @@ def test_the_demo_on_a_busy_port_is_one_error_with_the_way_out() -> None:
         out = run("demo", "--metrics-port", str(port), "--duration", "1", "--quiet")
     one_line_error(out, f"cannot listen for /metrics on 127.0.0.1:{port}".encode(), b"--metrics-port 0")
     assert out.stdout == b""  # nothing started, nothing printed
+
+
+# --- profile, lock, check: a server's command without --stdio ------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["profile", "lock", "check"])
+def test_a_server_command_without_stdio_says_to_add_it(command: str) -> None:
+    out = run(command, "--", sys.executable, "-m", "mcp_server_time")
+    one_line_error(out, b"add --stdio before '--'", f"mcp-token-otel {command} [OPTIONS] --stdio -- COMMAND".encode())
