@@ -57,6 +57,8 @@ DEMO_CONTEXT_WINDOW = 60_000
 #: The demo's guards (server side, enforce): export_table's responses are ~9,500-15,000 tokens, so about half
 #: are cut; the model prices every response (guard.pricing's default table).
 DEMO_CAP = 12_000
+#: The line above the final table (README.md shows it, and tests/test_readme.py checks that it does).
+SUMMARY_TITLE = "final summary (tools/call results as the agents received them; sessions: server side):"
 DEMO_MODEL = "claude-sonnet-5-5"
 #: Share of search_docs results that carry a hidden instruction (invisible Unicode tag characters).
 DEMO_POISON_RATE = 0.2
@@ -417,7 +419,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
             recorder.flush()  # a user sink runs off the call path: replay what is still queued
-            print("\nfinal summary (tools/call results as the agents received them; sessions: server side):", file=out)
+            print(f"\n{SUMMARY_TITLE}", file=out)
             print(stats.table(), file=out, flush=True)
         return stats
     finally:
