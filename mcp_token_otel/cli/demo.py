@@ -58,6 +58,8 @@ DEMO_CONTEXT_WINDOW = 60_000
 #: The demo's guards (server side, enforce): export_table's responses are ~9,500-15,000 tokens, so about half
 #: are cut; the model prices every response (guard.pricing's default table).
 DEMO_CAP = 12_000
+#: The line above the final table (README.md shows it, and tests/test_readme.py checks that it does).
+SUMMARY_TITLE = "final summary (tools/call results as the agents received them; sessions: server side):"
 DEMO_MODEL = "claude-sonnet-5-5"
 #: Share of search_docs results that carry a hidden instruction (invisible Unicode tag characters).
 DEMO_POISON_RATE = 0.2
@@ -350,6 +352,18 @@ def _ensure_tracing(config: Config) -> None:
         trace.set_tracer_provider(TracerProvider())
 
 
+def _check_metrics_port(options: DemoOptions) -> None:
+    """A busy /metrics port is one error, with the way out, before anything is instrumented (the /metrics
+    server would otherwise log its own failure, then the demo its own)."""
+    from ..proxy.startup import StartupError, check_port_free
+
+    try:
+        check_port_free(options.metrics_host, options.metrics_port, "/metrics")
+    except StartupError as exc:
+        hint = " (--metrics-port 0 picks a free port)" if options.metrics_port else ""
+        raise RuntimeError(f"{exc}{hint}") from None
+
+
 async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
     """Run the demo workload; returns the final figures (also printed)."""
     from .. import instrumentation as shim
@@ -370,6 +384,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             guard, mode="enforce", max_response_tokens=guard.max_response_tokens or DEMO_CAP,
             session_hard_limit=True, model=guard.model or DEMO_MODEL, sides=["server"],
         ))
+    _check_metrics_port(options)
     _ensure_tracing(config)
     recorder = shim.instrument(config)
     if recorder is None:
@@ -413,7 +428,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
                     http.should_exit = True
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
-            print("\nfinal summary (tools/call results as the agents received them; sessions: server side):", file=out)
+            print(f"\n{SUMMARY_TITLE}", file=out)
             print(stats.table(), file=out, flush=True)
         return stats
     finally:

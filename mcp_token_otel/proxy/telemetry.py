@@ -9,8 +9,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import metrics, trace
-
 from .. import catalog
 from ..config import Config
 from ..recorder import TokenRecorder
@@ -55,7 +53,8 @@ class Telemetry:
                 or config.otel.configure:
             from ..emitters.otel_setup import configure_otel
 
-            self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME)
+            self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
+                                             shutdown_timeout=config.otel.shutdown_timeout_seconds)
         self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
         _read_stats(self.recorder, self.stats)
@@ -88,14 +87,10 @@ class Telemetry:
         return getattr(server, "port", None)
 
     def close(self, timeout: float = 5.0) -> None:
+        """Measure what is left and stop serving. The OTLP providers are not shut down here: configure_otel's
+        exit hook does it, once (a second shutdown is an SDK warning on stderr), within
+        ``otel.shutdown_timeout_seconds``, flushing the spans and metrics the recorder has just ended."""
         self.measurer.close(timeout)
         self.recorder.close()
         if self.prometheus is not None:
             self.prometheus.close()
-        for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-            shutdown = getattr(provider, "shutdown", None)
-            if self.configured and callable(shutdown):
-                try:
-                    shutdown()
-                except Exception:
-                    logger.debug("mcp_token_otel proxy: provider shutdown failed", exc_info=True)
