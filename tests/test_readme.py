@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import mcp_token_otel
-from mcp_token_otel.cli.demo import SUMMARY_TITLE, TOOL_WEIGHTS, DemoStats, ToolStats
+from mcp_token_otel.cli.demo import SUMMARY_TITLE, TOOL_WEIGHTS, DemoStats, SessionFigures, ToolStats
 from mcp_token_otel.cli.main import build_parser
+from mcp_token_otel.emitters.aggregate import Aggregate
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -40,10 +41,10 @@ def test_the_estimate_example_is_what_the_command_prints() -> None:
     assert out.stdout.splitlines() == block[1:]
 
 
-def _stats_from(table: list[str]) -> DemoStats:
-    """A DemoStats holding the README table's figures: the rows' counts and percentiles, the tier mix, the
-    session line."""
-    stats = DemoStats()
+def _stats_from(table: list[str]) -> tuple[DemoStats, SessionFigures]:
+    """A DemoStats holding the README table's figures (the rows' counts and percentiles, the tier mix) and the
+    session line's."""
+    stats = DemoStats(Aggregate())
     _header, *rows, tiers, sessions = table
     for row in rows:
         name, calls, p50, p95, top, _tier, overhead, errors, refused = row.split()
@@ -59,11 +60,8 @@ def _stats_from(table: list[str]) -> DemoStats:
                      r"(\d+)%; ([\d,]+) tokens in no budget$", sessions)
     assert found, sessions
     ended, warning, exhausted, mean, unbudgeted = found.groups()
-    stats.sessions_ended = int(ended)
-    stats.transitions.update(warning=int(warning), exhausted=int(exhausted))
-    stats._utilization_sum = int(mean) / 100 * int(ended)
-    stats.unbudgeted = int(unbudgeted.replace(",", ""))
-    return stats
+    return stats, SessionFigures(int(ended), int(warning), int(exhausted), int(mean) / 100 * int(ended),
+                                 int(unbudgeted.replace(",", "")))
 
 
 def test_the_demo_table_is_what_the_demo_prints() -> None:
@@ -73,7 +71,8 @@ def test_the_demo_table_is_what_the_demo_prints() -> None:
     assert [row.split()[0] for row in rows] == sorted(TOOL_WEIGHTS)  # every tool the demo's agents call
     # The demo's own renderer, given the README's figures, prints the README's table: header, columns, the
     # tier each p95 falls in, the summary lines.
-    assert _stats_from(table).table().splitlines() == table
+    stats, sessions = _stats_from(table)
+    assert stats.table(sessions).splitlines() == table
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

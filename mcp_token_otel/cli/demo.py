@@ -83,6 +83,18 @@ class ToolStats:
     calls: int = 0
 
 
+@dataclass
+class SessionFigures:
+    """The server side's sessions in the summary: ended, entered warning, exhausted, the sum of their utilization at
+    end, and the tokens no budget could attribute."""
+
+    ended: int = 0
+    warning: int = 0
+    exhausted: int = 0
+    utilization_sum: float = 0.0
+    unbudgeted: int = 0
+
+
 class DemoStats:
     """Exact per-tool figures for the printed summary, from the recorder's finished calls; session figures from its
     aggregate (server side).
@@ -124,26 +136,21 @@ class DemoStats:
         return sum(value for labels, value in self._aggregate.values(name)
                    if labels[0] == "server" and (last is None or labels[-1] == last))
 
-    @property
-    def transitions(self) -> Counter[str]:
-        return Counter({state: int(self._server_sum("mcp_token_session_transitions", state))
-                        for state in ("warning", "exhausted")})
+    def sessions(self) -> SessionFigures:
+        """The server side's session figures so far, from the recorder's aggregate."""
+        ended = utilization = 0.0
+        for series, _buckets, total, count in self._aggregate.hists("mcp_token_session_utilization_ratio"):
+            if series.labels[0] == "server":
+                ended += count
+                utilization += total
+        return SessionFigures(int(ended), int(self._server_sum("mcp_token_session_transitions", "warning")),
+                              int(self._server_sum("mcp_token_session_transitions", "exhausted")), utilization,
+                              int(self._server_sum("mcp_token_unbudgeted_tokens")))
 
-    @property
-    def sessions_ended(self) -> int:
-        return sum(count for s, _b, _sum, count in self._aggregate.hists("mcp_token_session_utilization_ratio")
-                   if s.labels[0] == "server")
-
-    @property
-    def unbudgeted(self) -> int:
-        return int(self._server_sum("mcp_token_unbudgeted_tokens"))
-
-    @property
-    def _utilization_sum(self) -> float:
-        return sum(total for s, _b, total, _c in self._aggregate.hists("mcp_token_session_utilization_ratio")
-                   if s.labels[0] == "server")
-
-    def table(self) -> str:
+    def table(self, sessions: SessionFigures | None = None) -> str:
+        """The summary: a row per tool, the tier mix, the session line (``sessions``: these figures instead of the
+        recorder's)."""
+        figures = self.sessions() if sessions is None else sessions
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
                  f"{'overhead':>9}{'errors':>8}{'refused':>9}"]
         from ..core.risk import classify_risk
@@ -165,11 +172,10 @@ class DemoStats:
         for s in self.tools.values():
             mix.update(s.tiers)
         lines.append("tiers: " + ", ".join(f"{t} {mix[t]}" for t in RISK_TIERS))
-        util = (f", mean utilization at end {self._utilization_sum / self.sessions_ended:.0%}"
-                if self.sessions_ended else "")
+        util = (f", mean utilization at end {figures.utilization_sum / figures.ended:.0%}" if figures.ended else "")
         lines.append(
-            f"sessions: {self.sessions_ended} ended, {self.transitions['warning']} entered warning, "
-            f"{self.transitions['exhausted']} exhausted{util}; {self.unbudgeted:,} tokens in no budget"
+            f"sessions: {figures.ended} ended, {figures.warning} entered warning, "
+            f"{figures.exhausted} exhausted{util}; {figures.unbudgeted:,} tokens in no budget"
         )
         return "\n".join(lines)
 
