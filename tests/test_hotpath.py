@@ -69,6 +69,13 @@ def _results() -> list[Any]:
         {"content": [{"type": "text", "text": TEXT}], "isError": False, "resultType": "complete",
          "structuredContent": {"result": copy}, "_meta": META},
         {"content": [{"type": "text", "text": TEXT}], "structuredContent": {"result": TEXT}, "isError": False},
+        # The serverInfo stamp alone (cached per stamp), one with a nested value (not cacheable), one beside others.
+        {"content": [{"type": "text", "text": "a"}], "isError": True, "resultType": "complete",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s", "version": "1.0"}}},
+        {"content": [{"type": "text", "text": "a"}], "isError": False, "resultType": "complete",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s", "icons": [{"src": "x"}]}}},
+        {"content": [{"type": "text", "text": "a"}], "resultType": "input_required",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s"}, "k": 1}},
         {"content": [{"type": "text", "text": TEXT}], "structuredContent": {"result": copy}, "isError": True},
         {"content": [{"type": "text", "text": TEXT}], "isError": True},
         {"content": [{"type": "text", "text": TEXT}], "isError": 0},

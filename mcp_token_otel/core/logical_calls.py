@@ -91,20 +91,20 @@ def arguments_digest(*parts: Any) -> bytes | None:
 
 def result_type(result: Any) -> str | None:
     """A result's ``resultType`` (None when absent: a result before 2026-07-28, or not a mapping)."""
-    value = result.get("resultType") if isinstance(result, Mapping) else None
+    value = result.get("resultType") if isinstance(result, (dict, Mapping)) else None
     return value if isinstance(value, str) else None
 
 
 def is_retry(params: Any) -> bool:
     """Whether request params carry what only a retry carries: ``requestState`` or ``inputResponses``."""
-    return isinstance(params, Mapping) and (
+    return isinstance(params, (dict, Mapping)) and (
         params.get("requestState") is not None or params.get("inputResponses") is not None
     )
 
 
 def call_target(method: str, params: Any) -> str | None:
     """What a call names: the tool or prompt (``name``), the resource (``uri``)."""
-    if not isinstance(params, Mapping):
+    if not isinstance(params, (dict, Mapping)):
         return None
     value = params.get("uri" if method == "resources/read" else "name")
     return value if isinstance(value, str) else None
@@ -112,7 +112,7 @@ def call_target(method: str, params: Any) -> str | None:
 
 def _parts(value: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
     """The entries of ``keys`` present (not null) in a mapping, or None."""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, (dict, Mapping)):
         return None
     found = {k: value[k] for k in keys if value.get(k) is not None}
     return found or None
@@ -313,7 +313,7 @@ class LogicalCalls:
             return self._call_leg(method, params, key, self._clock() if now is None else now)
         if method in TASK_REQUESTS:
             leg = Leg(TASK, method, key=key)
-            task_id = params.get("taskId") if isinstance(params, Mapping) else None
+            task_id = params.get("taskId") if isinstance(params, (dict, Mapping)) else None
             if isinstance(task_id, str):
                 leg.task_digest = digest(task_id)
                 with self._lock:
@@ -325,7 +325,7 @@ class LogicalCalls:
 
     def _call_leg(self, method: str, params: Any, key: str | None, now: float) -> Leg:
         target = call_target(method, params)
-        arguments = params.get("arguments") if isinstance(params, Mapping) else None
+        arguments = params.get("arguments") if isinstance(params, (dict, Mapping)) else None
         if not is_retry(params):
             return Leg(CALL, method, LogicalCall(next(self._ids), method, target, key, now), 0, key,
                        arguments=arguments)
@@ -384,7 +384,7 @@ class LogicalCalls:
     def _input_required(self, leg: Leg, call: LogicalCall, result: Any, arguments: Any, now: float) -> Outcome:
         call.questions += 1
         question = _parts(result, QUESTION_KEYS)
-        state = result.get("requestState") if isinstance(result, Mapping) else None
+        state = result.get("requestState") if isinstance(result, (dict, Mapping)) else None
         dropped: list[_Entry] = []
         with self._lock:
             entry = _Entry(call, now + self.window)
@@ -431,7 +431,7 @@ class LogicalCalls:
         terminal delivers its call's result (the first delivery only; polls that repeat it are task status)."""
         if method not in TASK_NOTIFICATIONS:
             return None
-        task_id = params.get("taskId") if isinstance(params, Mapping) else None
+        task_id = params.get("taskId") if isinstance(params, (dict, Mapping)) else None
         if not isinstance(task_id, str):
             return Outcome(TASK_STATUS, result=params)
         now = self._clock() if now is None else now
@@ -447,7 +447,7 @@ class LogicalCalls:
                    error: Any = None, delivery: Any = None) -> Outcome:
         """The call's result arrived through its task: unwrapped from a task state (``delivery``), or whole."""
         envelope = None
-        if isinstance(delivery, Mapping):
+        if isinstance(delivery, (dict, Mapping)):
             envelope = {k: v for k, v in delivery.items() if k not in ("result", "error")}
             result, error = delivery.get("result"), delivery.get("error")
         call.ended = True
@@ -502,7 +502,7 @@ class LogicalCalls:
 
 
 def _status(value: Any) -> str | None:
-    status = value.get("status") if isinstance(value, Mapping) else None
+    status = value.get("status") if isinstance(value, (dict, Mapping)) else None
     return status if isinstance(status, str) else None
 
 
@@ -510,7 +510,7 @@ def _delivers(state: Any, status: str | None) -> bool:
     """Whether a task state delivers its call's end: the extension inlines a terminal task's ``result`` or
     ``error`` (and a cancelled task has neither); on 2025-11-25 ``tasks/get`` reports the status alone (no
     ``resultType``) and ``tasks/result`` delivers."""
-    if status not in TERMINAL_STATUSES or not isinstance(state, Mapping):
+    if status not in TERMINAL_STATUSES or not isinstance(state, (dict, Mapping)):
         return False
     return "result" in state or "error" in state or (status == "cancelled" and "resultType" in state)
 
@@ -519,7 +519,7 @@ def _created_task(kind: str | None, result: Any) -> tuple[str | None, float | No
     """(task id, seconds to follow it or None) when ``result`` is a task handle: ``resultType: "task"`` with
     ``taskId`` and ``ttlMs`` (the extension), or a result holding ``task`` with ``taskId`` and ``ttl``
     (2025-11-25); (None, None) otherwise."""
-    if not isinstance(result, Mapping):
+    if not isinstance(result, (dict, Mapping)):
         return None, None
     if kind == "task":
         task_id, ttl = result.get("taskId"), result.get("ttlMs")

@@ -32,6 +32,7 @@ from typing import Any
 
 from .measurement import DEFAULT_POLICY, Block, Builder, Direction, Measurement, Policy, as_mapping
 from .payload import ZERO, Estimator, Size, size_text, size_value
+from .protocol import SERVER_INFO_META_KEY
 from .result_blocks import MAX_BLOCKS, RESULT_PAYLOAD_KEYS, RESULT_WRAPPER, TEXT_FRAMING, measure_payload
 from .risk import tier_of
 
@@ -117,6 +118,9 @@ class _Framing:
     result_wrapper: Size  # MCPServer's structuredContent {"result": text}, less the text
     is_error: Size  # the result fields {"isError": true}
     not_error: Size  # ... and {"isError": false}
+    #: ... and the same with a 2026-07-28 result's {"resultType": "complete"}
+    complete_is_error: Size
+    complete_not_error: Size
 
 
 #: Estimator -> its _Framing: computing the four costs more than the rest of a common result's bookkeeping.
@@ -135,6 +139,8 @@ def _framing(estimator: Estimator) -> _Framing:
             size_value(RESULT_WRAPPER, estimator),
             size_value({"isError": True}, estimator),
             size_value({"isError": False}, estimator),
+            size_value({"isError": True, "resultType": "complete"}, estimator),
+            size_value({"isError": False, "resultType": "complete"}, estimator),
         )
     return framing
 
@@ -175,13 +181,42 @@ def _single_text(b: Builder, result: dict[str, Any]) -> bool:
 def _result_fields(b: Builder, rest: dict[str, Any]) -> Size:
     """Size a result's fields besides its payload and _meta: nearly always just ``isError``, whose two
     possible sizes are known."""
-    if len(rest) == 1:
+    size = len(rest)
+    if size == 1 or (size == 2 and rest.get("resultType") == "complete"):
         is_error = rest.get("isError")
         if is_error is False:
-            return _framing(b.policy.estimator).not_error
+            framing = _framing(b.policy.estimator)
+            return framing.not_error if size == 1 else framing.complete_not_error
         if is_error is True:
-            return _framing(b.policy.estimator).is_error
+            framing = _framing(b.policy.estimator)
+            return framing.is_error if size == 1 else framing.complete_is_error
     return b.value(rest)
+
+
+#: (estimator, the serverInfo stamp's fields) -> the size of a 2026-07-28 result's _meta that holds only that
+#: stamp: the same few strings on every result of a server (sized by the general rule once). Bounded.
+_stamps: dict[tuple[Any, ...], Size] = {}
+_STAMPS_MAX = 256
+
+
+def _meta_size(b: Builder, meta: Any) -> Size:
+    """A result's ``_meta``: the serverInfo stamp alone (every 2026-07-28 result carries it) from a cache, anything
+    else by the general rule."""
+    if type(meta) is dict and len(meta) == 1:
+        info = meta.get(SERVER_INFO_META_KEY)
+        if type(info) is dict and len(info) <= 4:
+            try:
+                key = (b.policy.estimator, *info.items())
+                found = _stamps.get(key)
+            except TypeError:  # a value that is not hashable (a nested structure): the general rule
+                return b.value(meta)
+            if found is None:
+                found = b.value(meta)
+                if len(_stamps) >= _STAMPS_MAX:
+                    _stamps.clear()
+                _stamps[key] = found
+            return found
+    return b.value(meta)
 
 
 def measure_result(
@@ -203,7 +238,7 @@ def measure_result(
         if has_payload and (type(res) is not dict or not _single_text(b, res)):
             measure_payload(b, res)
         if "_meta" in res:
-            b.add("_meta", overhead=b.value(res["_meta"]))
+            b.add("_meta", overhead=_meta_size(b, res["_meta"]))
         rest = {k: v for k, v in res.items() if k not in _NOT_RESULT_FIELDS}
         if rest and has_payload:
             b.add("framing", overhead=_result_fields(b, rest))
@@ -281,7 +316,7 @@ def measure_message(
 
 def called_tool(method: str, params: Any) -> str | None:
     """The tool a ``tools/call`` names, else None."""
-    if method == "tools/call" and (type(params) is dict or isinstance(params, Mapping)):  # exact type: no ABC call
+    if method == "tools/call" and isinstance(params, (dict, Mapping)):  # exact type: no ABC call
         name = params.get("name")
         return name if isinstance(name, str) else None
     return None

@@ -175,7 +175,7 @@ class Builder:
 def as_mapping(value: Any) -> Mapping[str, Any] | None:
     if type(value) is dict:  # the wire form: an exact-type check is ten times cheaper than the ABC's
         return value
-    if isinstance(value, Mapping):
+    if isinstance(value, (dict, Mapping)):
         return value
     dump = getattr(value, "model_dump", None)
     if callable(dump):
@@ -183,6 +183,6 @@ def as_mapping(value: Any) -> Mapping[str, Any] | None:
             dumped = dump(mode="json", by_alias=True, exclude_none=True)
         except Exception:
             return None
-        return dumped if isinstance(dumped, Mapping) else None
+        return dumped if isinstance(dumped, (dict, Mapping)) else None
     return None
 

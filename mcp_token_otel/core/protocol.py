@@ -51,14 +51,14 @@ def shaped_result(result: dict[str, Any], version: Any) -> dict[str, Any]:
 def server_info_name(result: Any) -> str | None:
     """The server's name a result tells: ``serverInfo.name`` of an initialize result, else the serverInfo stamp
     in a 2026-07-28 result's ``_meta`` (wire dict or model)."""
-    if isinstance(result, Mapping):
+    if isinstance(result, (dict, Mapping)):
         info = result.get("serverInfo")
         if info is None:
             meta = result.get("_meta")
-            info = meta.get(SERVER_INFO_META_KEY) if isinstance(meta, Mapping) else None
+            info = meta.get(SERVER_INFO_META_KEY) if isinstance(meta, (dict, Mapping)) else None
     else:
         info = getattr(result, "server_info", None)
-    name = info.get("name") if isinstance(info, Mapping) else getattr(info, "name", None)
+    name = info.get("name") if isinstance(info, (dict, Mapping)) else getattr(info, "name", None)
     return name if isinstance(name, str) and name else None
 
 
@@ -74,7 +74,7 @@ def revalidated(original: Any, changed: Any) -> Any:
     the dict itself when ``original`` was a dict, else validated into ``original``'s model type. A model that
     wraps a union (mcp 1.x's ``ServerResult(root=...)``) is validated into the member it already holds. Raises
     when the dict does not fit the model: the caller counts it and hands on ``original``."""
-    if isinstance(original, Mapping):
+    if isinstance(original, (dict, Mapping)):
         return changed
     root = getattr(original, "root", None)
     if root is not None and callable(getattr(root, "model_validate", None)):

@@ -103,7 +103,7 @@ def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size,
     """How structuredContent repeats a text block, if it does: (that text's size, whether it is MCPServer's
     {"result": text} wrapping of the very string, whose size is then the text's plus the wrapper's)."""
     wrapped = _NOT_JSON
-    if (type(structured) is dict or isinstance(structured, Mapping)) and len(structured) == 1:
+    if isinstance(structured, (dict, Mapping)) and len(structured) == 1:
         wrapped = structured.get("result", _NOT_JSON)
     for text, size in texts:
         if wrapped is not _NOT_JSON and (wrapped is text or wrapped == text):

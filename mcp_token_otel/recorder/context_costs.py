@@ -74,7 +74,7 @@ def _tool_costs(tool: Mapping[str, Any], estimator: Estimator) -> tuple[Definiti
 def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> ToolList | None:
     """Analyse a tools/list result (wire dict); None when it carries no ``tools`` list. The declared names become
     labels before their first call; per-tool figures only for names within the bound."""
-    tools = result.get("tools") if isinstance(result, Mapping) else None
+    tools = result.get("tools") if isinstance(result, (dict, Mapping)) else None
     if not isinstance(tools, list):
         return None
     costs: list[DefinitionParts] = []
@@ -83,7 +83,7 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
     seen: list[dict[str, Any]] = []
     overflow = tool_names.overflow
     for tool in tools:
-        if not isinstance(tool, Mapping):
+        if not isinstance(tool, (dict, Mapping)):
             continue
         cost, worst = _tool_costs(tool, estimator)
         costs.append(cost)

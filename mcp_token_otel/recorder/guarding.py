@@ -31,8 +31,8 @@ _MAX_TOUCHED = 10_000
 
 def is_refusal(result: Any) -> bool:
     """A guard's own refusal (its _meta carries the guard key): recorded as the output, never guarded again."""
-    meta = result.get("_meta") if isinstance(result, Mapping) else None
-    return isinstance(meta, Mapping) and META_GUARD_KEY in meta
+    meta = result.get("_meta") if isinstance(result, (dict, Mapping)) else None
+    return isinstance(meta, (dict, Mapping)) and META_GUARD_KEY in meta
 
 
 def _rate_key(side: str, key: str) -> str:
@@ -187,7 +187,7 @@ class GuardOrchestrator:
         """A tool's first guarded call (per side and server): its refusal and padding series start at 0, so that
         alert rules taking increase() see the first refusal (a series born with it has no earlier sample)."""
         try:
-            name = params.get("name") if isinstance(params, Mapping) else None
+            name = params.get("name") if isinstance(params, (dict, Mapping)) else None
             if not isinstance(name, str) or not self._zero:
                 return
             tool = self._labels.tool_names(name, False)

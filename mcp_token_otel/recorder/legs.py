@@ -29,6 +29,7 @@ from opentelemetry.trace import Span
 
 from ..core.logical_calls import (
     CALL,
+    FINAL,
     INPUT_REQUIRED,
     MRTR_METHODS,
     PLAIN,
@@ -87,13 +88,15 @@ def link(span: Span | None, leg: Leg | None) -> None:
 
 
 def leg_attributes(leg: Leg, outcome: Outcome | None, result: Any) -> dict[str, Any]:
-    """The span attributes of a leg: its number in the call, the answer's ``resultType``, and on the final leg of
-    a call that took several, their count."""
+    """The span attributes of a leg of a call that takes several (none for a call answered at once): its number
+    in the call, the answer's ``resultType``, and on the final leg the number of legs."""
+    call = outcome.call if outcome is not None else None
+    if leg.index == 0 and (outcome is None or outcome.kind == FINAL) and (call is None or call.legs == 1):
+        return {}
     attrs: dict[str, Any] = {A_LEG: leg.index + 1}
     kind = result.get("resultType") if isinstance(result, dict) else None
     if isinstance(kind, str):
         attrs[A_RESULT_TYPE] = kind
-    call = outcome.call if outcome is not None else None
     if call is not None and outcome is not None and outcome.final and call.legs > 1:
         attrs[A_LEGS] = call.legs
     return attrs

@@ -75,17 +75,17 @@ def _status_unset(span: Span) -> bool:
 def status_description(m: Measurement, result: Any, error: Any) -> str:
     """A short status description: the JSON-RPC error's code and message, or the tool error's first text."""
     if m.error_type == "tool_error":
-        content = result.get("content") if isinstance(result, Mapping) else None
+        content = result.get("content") if isinstance(result, (dict, Mapping)) else None
         first = content[0] if isinstance(content, list) and content else None
-        text = first.get("text") if isinstance(first, Mapping) else None
+        text = first.get("text") if isinstance(first, (dict, Mapping)) else None
         return f"tool_error: {text[:200]}" if isinstance(text, str) and text else "tool_error"
-    message = error.get("message") if isinstance(error, Mapping) else getattr(error, "message", None)
+    message = error.get("message") if isinstance(error, (dict, Mapping)) else getattr(error, "message", None)
     return f"{m.error_type}: {message[:200]}" if isinstance(message, str) and message else str(m.error_type)
 
 
 def _content(result: Any) -> Any:
     """What of a tools/call result is captured: its content blocks (or the whole result when it has none)."""
-    return result.get("content", result) if isinstance(result, Mapping) else result
+    return result.get("content", result) if isinstance(result, (dict, Mapping)) else result
 
 
 def _risk_event(span: Span, m: Measurement) -> None:
@@ -176,9 +176,9 @@ class SpanAnnotator:
                 hold.update(attributes)
             hold[A_INPUT_TOKENS] = m.total_tokens
             hold[A_ESTIMATOR] = self.policy.estimator_name
-            if self.capture and method == "tools/call" and isinstance(params, Mapping):
+            if self.capture and method == "tools/call" and isinstance(params, (dict, Mapping)):
                 hold[A_ARGUMENTS] = truncate(params.get("arguments"), self._max_chars)
-            elif method.startswith("resources/") and isinstance(params, Mapping):
+            elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
                 uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
                 if isinstance(uri, str):
                     hold[A_RESOURCE_URI] = uri

@@ -129,13 +129,9 @@ class BudgetStore(Protocol):
 
 
 def stable_digest(*parts: bytes | str) -> bytes:
-    """A 16-byte digest of ``parts`` that every process computes alike (for ``call_digest``, ``tools_digest``)."""
-    h = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        data = part.encode("utf-8", "surrogatepass") if isinstance(part, str) else part
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.digest()
+    """A 16-byte digest of ``parts`` that every process computes alike (for ``call_digest``, ``tools_digest``):
+    of their ``repr``, which keeps the parts apart (quoted, escaped)."""
+    return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 class KeyHasher:
