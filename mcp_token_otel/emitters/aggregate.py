@@ -126,10 +126,11 @@ class Stored:
         self.folded = 0
 
     def get(self, key: tuple[Any, ...]) -> tuple[Any, bool]:
-        """The series for ``key`` (made now if new) and whether it is the overflow series; under the lock."""
+        """The series for ``key`` (made now if new) and whether the record goes to the overflow series because
+        the family is full; under the lock. A key found in ``series`` never folds (folded keys are not kept)."""
         found = self.series.get(key)
         if found is not None:
-            return found, found.labels[0] == OVERFLOW_VALUE and key[0] != OVERFLOW_VALUE
+            return found, False
         labels = label_values(key)
         found = self.by_labels.get(labels)
         full = False
@@ -197,10 +198,12 @@ class Aggregate:
         """Add ``value`` to counter family ``name``'s series ``labels`` (label values in catalog order)."""
         stored = self.stored[name]
         with self.lock:
-            series, folded = stored.get(labels)
+            series = stored.series.get(labels)
+            if series is None:
+                series, folded = stored.get(labels)
+                if folded:
+                    stored.folded += 1
             series.value += value
-            if folded:
-                stored.folded += 1
 
     def observe(self, name: str, labels: tuple[Any, ...], value: float, context: Any = None) -> None:
         """One observation of histogram family ``name``: stored (a Prometheus family) and, when a meter is

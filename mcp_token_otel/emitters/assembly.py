@@ -9,6 +9,8 @@ points are replayed off the call path.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,8 @@ from .deferred import DeferredPoints
 from .otel_metrics import OtelMetrics
 from .prometheus_multiprocess import SharedFilesAggregate, multiprocess_mode
 
+logger = logging.getLogger(__name__)
+
 #: The OpenTelemetry-only count of points the deferred replay dropped.
 DROPPED = "mcp_token.instrumentation.dropped"
 
@@ -30,8 +34,8 @@ class Metrics:
     def __init__(self, config: Config, meter_provider: metrics.MeterProvider | None, version: str,
                  server: str, on_error: Callable[[str], None]) -> None:
         input_histograms = config.metrics.input_histograms
-        cls = SharedFilesAggregate if multiprocess_mode() else Aggregate
-        self.aggregate: Aggregate = cls(input_histograms=input_histograms)
+        self.aggregate: Aggregate = (SharedFilesAggregate if _shared_files() else Aggregate)(
+            input_histograms=input_histograms)
         self.otel = OtelMetrics(self.aggregate, meter_provider, version)
         points: Any = self.otel.points
         self.deferred: DeferredPoints | None = None
@@ -50,6 +54,19 @@ class Metrics:
         if self.deferred is not None:
             self.deferred.stop()
         self.otel.close()
+
+
+def _shared_files() -> bool:
+    """Whether this process keeps its metrics in prometheus-client's multiprocess files: the directory is set and
+    exists (a missing one is said once; the metrics then stay in this process's memory)."""
+    if not multiprocess_mode():
+        return False
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if os.path.isdir(directory):
+        return True
+    logger.error("mcp_token_otel: PROMETHEUS_MULTIPROC_DIR=%r is not a directory: this process's metrics stay in "
+                 "memory (create the directory, or unset the variable)", directory)
+    return False
 
 
 def _dropped(deferred: DeferredPoints | None, server: str) -> list[tuple[tuple[str, ...], float]]:

@@ -280,6 +280,7 @@ class Tracker:
         span = self._start_span(method, params, direction, attrs, now, forced)
         call = self.recorder.begin("proxy", method, params, self._budget_key(params, meta), version=version)
         call.span = span
+        call.transport = self.transport
         # Before the request counts: the session limit reads the budget as it stood before this call.
         refusal = call.guard() if refuse and direction == C2S else None
         call.open(started=now / 1e9)

@@ -27,12 +27,7 @@ from ..core.measure import Measurement, called_tool, measure_error, measure_requ
 from ..core.protocol import revalidated, shaped_result, wire_dict
 from ..core.risk import BREACH_TIERS
 from ..emitters.otel_metrics import NO_SPAN
-from ..semconv import (
-    A_PROTOCOL,
-    A_TRANSPORT,
-    MCP_CLIENT_OPERATION_DURATION,
-    MCP_SERVER_OPERATION_DURATION,
-)
+from ..semconv import A_PROTOCOL, MCP_CLIENT_OPERATION_DURATION, MCP_SERVER_OPERATION_DURATION
 from .guarding import is_refusal
 
 if TYPE_CHECKING:
@@ -72,7 +67,7 @@ class Call:
     """One request and its answer (or a notification), measured once. Made by :meth:`TokenRecorder.begin`."""
 
     __slots__ = ("_events", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted", "held", "key",
-                 "method", "params", "refusal", "server", "side", "span", "started", "tool", "version")
+                 "method", "params", "refusal", "server", "side", "span", "started", "tool", "transport", "version")
 
     def __init__(self, rec: TokenRecorder, side: Side, method: str, params: Any, key: str | None,
                  server: str | None = None, budgeted: bool = True, version: str | None = None) -> None:
@@ -89,6 +84,8 @@ class Call:
         #: The negotiated protocol version, where known (shapes the guard's own answers); an initialize result
         #: sets it.
         self.version = version
+        #: The conventions' ``network.transport`` ("pipe", "tcp"), where the adapter knows it.
+        self.transport: str | None = None
         self.tool = called_tool(method, params)
         self.span: Span | None = None
         #: The request's span attributes, set together with the answer's (one call into the span).
@@ -108,8 +105,7 @@ class Call:
     @property
     def arguments(self) -> Any:
         """A tools/call's arguments (the guards' chain, padding and pagination policies read them)."""
-        params = self.params
-        return params.get("arguments") if self.tool is not None else None
+        return self.params.get("arguments") if self.tool is not None else None
 
     # ------------------------------------------------------------------ the request
 
@@ -317,20 +313,18 @@ class Call:
         return deliver
 
     def _convention_attributes(self, meta: SessionMeta | None) -> tuple[Any, Any]:
-        """The conventions' transport and protocol of this call: the span's, else what its session learnt; the
-        session keeps what it learns for its later calls and its end."""
-        transport = protocol = None
-        span = self.span
-        attributes = getattr(span, "attributes", None) if span is not None else None
-        if isinstance(attributes, Mapping):
-            transport, protocol = attributes.get(A_TRANSPORT), attributes.get(A_PROTOCOL)
-        held = self.held
-        transport = held.get(A_TRANSPORT, transport)
-        protocol = held.get(A_PROTOCOL, protocol)
+        """The conventions' transport and protocol of this call: what the adapter said, else what its session
+        learnt; the session keeps what it learns for its later calls and its end."""
+        transport, protocol = self.transport, self.version
         if meta is not None:
-            meta.transport = meta.transport or transport
-            meta.protocol = meta.protocol or protocol
-            transport, protocol = transport or meta.transport, protocol or meta.protocol
+            if transport is None:
+                transport = meta.transport
+            elif meta.transport is None:
+                meta.transport = transport
+            if protocol is None:
+                protocol = meta.protocol
+            elif meta.protocol is None:
+                meta.protocol = protocol
         return transport, protocol
 
 

@@ -37,7 +37,7 @@ from ..core.profiles import (
 from ..emitters.aggregate import Aggregate
 
 if TYPE_CHECKING:
-    from .labels import LabelBounds
+    from .label_bounds import LabelBounds
     from .ledger import SessionMeta
 
 #: Recent call digests kept per session, and tools with a repeated call awaiting its response.

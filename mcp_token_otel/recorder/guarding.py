@@ -18,7 +18,7 @@ from ..core.guard.settings import GuardSettings
 from ..core.measure import Measurement, Policy
 from ..emitters.aggregate import Aggregate
 from ..semconv import EVENT_GUARD
-from .labels import LabelBounds
+from .label_bounds import LabelBounds
 from .ledger import SessionLedger, Side
 from .spans import enabled
 
@@ -35,9 +35,9 @@ def is_refusal(result: Any) -> bool:
     return isinstance(meta, Mapping) and META_GUARD_KEY in meta
 
 
-def _rate_key(side: str, session_id: str) -> str:
+def _rate_key(side: str, key: str) -> str:
     """The rate limiter's key: per side, so an in-process client and server never count one call twice."""
-    return f"{side}:{session_id}"
+    return f"{side}:{key}"
 
 
 class GuardOrchestrator:
@@ -69,7 +69,7 @@ class GuardOrchestrator:
         self._touched: set[tuple[str, str, str | None]] = set()
 
     def request(
-        self, span: Span | None, side: Side, method: str, params: Any, session_id: str | None, server: str | None
+        self, span: Span | None, side: Side, method: str, params: Any, key: str | None, server: str | None
     ) -> dict[str, Any] | None:
         """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead."""
         if not self.active or side not in self.sides or not enabled():
@@ -78,14 +78,14 @@ class GuardOrchestrator:
             decision = self.engine.on_request(
                 method,
                 params,
-                session_id=_rate_key(side, session_id) if session_id is not None else None,
-                budget=self._ledger.budget(side, session_id),
+                session_id=_rate_key(side, key) if key is not None else None,
+                budget=self._ledger.budget(side, key),
             )
         except Exception:
             self._fault("guard")
             return None
         if decision.actions or method == "tools/call":
-            label = self._labels.server(self._ledger.find_meta(side, session_id), server)
+            label = self._labels.server(self._ledger.find_meta(side, key), server)
             if method == "tools/call":
                 self._series(side, label, params)
             if decision.actions:
@@ -121,11 +121,11 @@ class GuardOrchestrator:
             self._fault("guard")
             return None
 
-    def end_session(self, side: Side, session_id: str) -> None:
+    def end_session(self, side: Side, key: str) -> None:
         if not self.active:
             return
         try:
-            self.engine.end_session(_rate_key(side, session_id))
+            self.engine.end_session(_rate_key(side, key))
         except Exception:
             self._fault("guard")
 

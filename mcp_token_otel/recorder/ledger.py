@@ -94,15 +94,15 @@ class SessionLedger:
             for side in SIDES
         }
 
-    def record(self, side: Side, session_id: str | None, tokens: int) -> BudgetUpdate | None:
+    def record(self, side: Side, key: str | None, tokens: int) -> BudgetUpdate | None:
         """Add ``tokens`` to the session's budget (None: no session, or a fault)."""
-        if session_id is None:
+        if key is None:
             if self._ended:  # budgets that went idle at a collection: reported at this safe point
                 self.report_ended()
             return None
         try:
             with self.lock:
-                update = self.sessions[side].record(session_id, tokens)
+                update = self.sessions[side].record(key, tokens)
         except Exception:
             self._fault("budget")
             return None
@@ -110,28 +110,28 @@ class SessionLedger:
             self.report_ended()
         return update
 
-    def budget(self, side: Side, session_id: str | None) -> SessionBudget | None:
+    def budget(self, side: Side, key: str | None) -> SessionBudget | None:
         """The session's budget as it stands (the guards read it), or None."""
-        return self.sessions[side].get(session_id) if session_id is not None else None
+        return self.sessions[side].get(key) if key is not None else None
 
     def meta(
-        self, side: Side, session_id: str | None, server: str | None, attributes: Mapping[str, Any] | None
+        self, side: Side, key: str | None, server: str | None, attributes: Mapping[str, Any] | None
     ) -> SessionMeta | None:
         """The session's metric context, created at its first message (the session's start); most recently used."""
-        if session_id is None:
+        if key is None:
             return None
         try:
             metas = self._meta[side]
-            meta = metas.get(session_id)
+            meta = metas.get(key)
             if meta is None:
-                meta = metas[session_id] = SessionMeta(
+                meta = metas[key] = SessionMeta(
                     server or None, attributes.get(A_TRANSPORT) if attributes else None
                 )
                 if len(metas) > self._max_meta:
                     self._evict(side, metas)
                 return meta
             try:
-                metas.move_to_end(session_id)
+                metas.move_to_end(key)
             except KeyError:  # ended meanwhile on another thread: this message still has its context
                 return meta
             if server and meta.server is None:
@@ -143,9 +143,9 @@ class SessionLedger:
             self._fault("metrics")
             return None
 
-    def find_meta(self, side: Side, session_id: str | None) -> SessionMeta | None:
+    def find_meta(self, side: Side, key: str | None) -> SessionMeta | None:
         """The session's metric context if it has one (a lookup: creates nothing)."""
-        return self._meta[side].get(session_id) if session_id is not None else None
+        return self._meta[side].get(key) if key is not None else None
 
     def _evict(self, side: Side, metas: OrderedDict[str, SessionMeta]) -> None:
         # Sessions whose budget the registry let go of lose their metadata with it; what is left past the bound
@@ -157,11 +157,11 @@ class SessionLedger:
                 return
             self._report_evicted(side, old)
 
-    def end(self, side: Side, session_id: str) -> None:
+    def end(self, side: Side, key: str) -> None:
         """Close the session's budget (its final utilization is reported)."""
         try:
             with self.lock:
-                self.sessions[side].end(session_id)
+                self.sessions[side].end(key)
         except Exception:
             self._fault("budget")
         self.report_ended()
@@ -176,14 +176,14 @@ class SessionLedger:
         except Exception:
             self._fault("budget")
 
-    def end_soon(self, side: Side, session_id: str) -> None:
+    def end_soon(self, side: Side, key: str) -> None:
         """Queue the session's end for the next safe point (nothing else: see TokenRecorder.end_session_soon)."""
-        self.ending.append((side, session_id))
+        self.ending.append((side, key))
 
     def _on_end(self, side: Side) -> Callable[[str, SessionBudget, str], None]:
         # Called by the registry under the lock: only note it; report_ended() reports it after the lock.
-        def ended(session_id: str, budget: SessionBudget, why: str) -> None:
-            self._ended.append((side, budget.utilization, self._meta[side].pop(session_id, None), why))
+        def ended(key: str, budget: SessionBudget, why: str) -> None:
+            self._ended.append((side, budget.utilization, self._meta[side].pop(key, None), why))
 
         return ended
 
@@ -216,8 +216,8 @@ class SessionLedger:
             if default != UNKNOWN_SERVER:  # a configured name shows its sides at 0; a placeholder only when used
                 out.setdefault((side, default), _zeros())
             metas = self._meta[side]
-            for session_id, state in sessions:
-                meta = metas.get(session_id)
+            for key, state in sessions:
+                meta = metas.get(key)
                 name = meta.server if meta is not None else None
                 server = labels.get(name)
                 if server is None:

@@ -35,7 +35,7 @@ from ..semconv import MCP_CLIENT_SESSION_DURATION, MCP_SERVER_SESSION_DURATION, 
 from .call import Call, OffCall, message_metrics
 from .context_costs import ContextCosts, ToolList, tool_list
 from .guarding import GuardOrchestrator
-from .labels import LabelBounds
+from .label_bounds import LabelBounds
 from .ledger import SessionLedger, SessionMeta, Side
 from .spans import SpanAnnotator, capture_from_env, enabled
 
@@ -275,27 +275,28 @@ class TokenRecorder:
         (a name the caller knows), else the proxy's name."""
         return self._labels.server(None, server)
 
-    def end_session(self, side: Side, session_id: str | None) -> None:
-        """The connection is gone: close its budget (observes ``mcp_token.session.utilization``)."""
-        if session_id is None:
+    def end_session(self, side: Side, key: str | None) -> None:
+        """The session (or conversation) ``key`` is over: close its budget (observes
+        ``mcp_token.session.utilization``)."""
+        if key is None:
             return
-        self._ledger.end(side, session_id)
-        self._guards.end_session(side, session_id)
+        self._ledger.end(side, key)
+        self._guards.end_session(side, key)
 
-    def end_session_soon(self, side: Side, session_id: str) -> None:
+    def end_session_soon(self, side: Side, key: str) -> None:
         """:meth:`end_session` for a garbage-collection callback. Such a callback runs inside whatever code
         allocated, holding whatever lock it held (not reentrant), so this only queues; the session ends at the
         next safe point (the next message recorded, a read of the session states, close)."""
-        self._ledger.end_soon(side, session_id)
+        self._ledger.end_soon(side, key)
 
     def _end_queued(self) -> None:
         ending = self._ledger.ending
         while ending:
             try:
-                side, session_id = ending.popleft()
+                side, key = ending.popleft()
             except IndexError:  # another thread took the last one
                 return
-            self.end_session(side, session_id)
+            self.end_session(side, key)
 
     def states(self) -> dict[str, dict[str, int]]:
         """Live sessions per budget state, per side (budgets idle past ``budget.idle_timeout`` ended first)."""

@@ -22,7 +22,7 @@ from ...core.protocol import wire_dict
 from ...recorder import Call
 from ...semconv import call_attributes, span_name
 from .._common import MARK, argument, detach, extract_parent
-from ..budget_keys import ServerFacts
+from ..key_facts import ServerFacts
 from .sessions import (
     DEPTH,
     SessionInfo,
@@ -139,8 +139,10 @@ class Inbound:
         server = server_name(session) if side == "server" else None
         if side == "server" and (key is None or not rec.session_first):
             key = self._server_key(responder, session, params, key)
-        call = rec.begin(side, method, params, key, server=server, version=info.protocol_version)
+        call = rec.begin(side, method, params, key, server=server,
+                         version=server_protocol(session, info) if side == "server" else info.protocol_version)
         call.span = span
+        call.transport = info.transport
         state = InboundState(call, token, info)
         try:
             setattr(responder, MARK, state)

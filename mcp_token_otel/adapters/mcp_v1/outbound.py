@@ -19,7 +19,7 @@ from ...core.guard import with_depth
 from ...core.protocol import wire_dict
 from ...semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from .._common import argument, is_mcp_span
-from ..budget_keys import ClientFacts, with_conversation_baggage
+from ..key_facts import ClientFacts, with_conversation_baggage
 from .sessions import DEPTH, SessionInfo, server_name
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class Outbound:
             request, data, params = self._chain(request, data, method, params)
         call = rec.begin(side, method, params, key, version=info.protocol_version)
         call.span = span
+        call.transport = info.transport
         answer = None
         if rec.guard_active and call.guard() is not None:  # the budget as it stands: before this request counts
             answer = self._refusal(result_type, call.refusal)

@@ -28,7 +28,7 @@ from ...core.protocol import is_modern, request_version
 from ...recorder import Side
 from ...semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from .._common import is_mcp_span
-from ..budget_keys import ClientFacts, with_conversation_baggage
+from ..key_facts import ClientFacts, with_conversation_baggage
 from . import context as cx
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class OutboundCall:
 
     def __init__(self, shim: V2Shim, side: Side, method: str, params: Any, key: str | None,
                  attrs: dict[str, Any], input_attrs: Mapping[str, Any] | None = None, server: str | None = None,
-                 version: str | None = None) -> None:
+                 version: str | None = None, transport: str | None = None) -> None:
         self.shim = shim
         self.method = method
         self.params = params
@@ -51,6 +51,7 @@ class OutboundCall:
         self.input_attrs = input_attrs  # e.g. server.address/port of an HTTP transport, set with the estimate
         #: The server's name where the sender knows it (a client session's, once negotiated).
         self.call = shim.recorder.begin(side, method, params, key, server=server, version=version)
+        self.call.transport = transport
         self.own: Span | None = None
         self.sdk: Span | None = None  # the SDK's span, whose end waits for the response's measurement
         self.started = False
@@ -210,7 +211,7 @@ class DispatcherProxy:
         except Exception:
             rec.fault("span")
         call = OutboundCall(shim, "client", method, params, self._budget_key(params), attrs, self._http,
-                            self._server_name(), version)
+                            self._server_name(), version, self._transport[0] if self._transport else None)
         try:
             return await call.send(lambda: self._inner.send_raw_request(method, params, opts), not self._direct)
         finally:

@@ -68,6 +68,7 @@ class TokenMiddleware:
         call = rec.begin("server", method, params, key, server=self._server, budgeted=request,
                          version=ctx.protocol_version)
         call.span = span
+        call.transport = extra.get(A_TRANSPORT)
         depth: contextvars.Token[int | None] | None = None
         if request and rec.guard_active:  # the guards off: this one check
             if rec.guards("server"):
@@ -99,7 +100,8 @@ class TokenMiddleware:
                 raise
             return call.result(result) if request else result
         finally:
-            cx.reset(cx.DEPTH, depth)
+            if depth is not None:
+                cx.reset(cx.DEPTH, depth)
             cx.reset(cx.SERVER_CALL, server_call)
             call.close()
             if tokens[0] is not None or tokens[1] is not None:
@@ -217,7 +219,8 @@ class ServerSends:
                     attrs[A_PROTOCOL] = version
         except Exception:
             self._shim.recorder.fault("span")
-        call = OutboundCall(self._shim, "server", method, params, key, attrs, version=version)
+        call = OutboundCall(self._shim, "server", method, params, key, attrs, version=version,
+                            transport=attrs.get(A_TRANSPORT))
         try:
             return await call.send(send, jsonrpc)
         finally:

@@ -15,19 +15,7 @@ import weakref
 from typing import Any
 
 from ...recorder import TokenRecorder
-from ..budget_keys import ServerFacts
-
-
-def _request_inner(ctx: Any) -> tuple[Any, Any]:
-    """(the session's request outbound, the 2026 wrapper's inner context or None); read once per request."""
-    outbound = getattr(ctx.session, "_request_outbound", None)
-    return outbound, getattr(outbound, "_inner", None)
-
-
-def _transport_kind(outbound: Any, inner: Any) -> str | None:
-    # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
-    transport = getattr(inner if inner is not None else outbound, "transport", None)
-    return getattr(transport, "kind", None)
+from ..key_facts import ServerFacts
 
 
 def _per_client_anchor(connection: Any, inner: Any) -> Any:
@@ -63,16 +51,20 @@ class ServerSessions:
             return session_id, session_id
         if connection is None:
             return None, None
-        outbound, inner = _request_inner(ctx)
-        if _transport_kind(outbound, inner) == "streamable-http":
+        key = self._connection_keys.get(connection)
+        if key is not None:  # a handshake-era connection seen before
+            return None, key
+        outbound = getattr(ctx.session, "_request_outbound", None)
+        inner = getattr(outbound, "_inner", None)  # the 2026 wrapper's inner context
+        # The 2026 wrapper's own .transport builds a copy on every read (dataclasses.replace): read the inner one.
+        transport = getattr(inner if inner is not None else outbound, "transport", None)
+        if getattr(transport, "kind", None) == "streamable-http":
             return None, None  # stateless HTTP: nothing identifies the client across requests
         anchor = _per_client_anchor(connection, inner)
         if anchor is not None:
             return None, self._anchor_key(anchor)
-        key = self._connection_keys.get(connection)
-        if key is None:
-            key = self._connection_keys[connection] = uuid.uuid4().hex
-            self._on_connection_end(connection, key)
+        key = self._connection_keys[connection] = uuid.uuid4().hex
+        self._on_connection_end(connection, key)
         return None, key
 
     def key(self, ctx: Any, session: str | None) -> str | None:

@@ -7,32 +7,14 @@ adapter's own knowledge (the server side knows its name), the proxy's ``--name``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..config import MetricsConfig
 from ..core.labels import MAX_METHODS, SPEC_METHODS, UNKNOWN_SERVER, NameLimiter
 
 if TYPE_CHECKING:
     from .ledger import SessionMeta
-
-
-#: The ``_meta`` key under which a 2026-07-28 server stamps its identity on results (server/discover's first).
-SERVER_INFO_META_KEY = "io.modelcontextprotocol/serverInfo"
-
-
-def server_info_name(result: Any) -> str | None:
-    """The server's name a result tells: ``serverInfo.name`` of an initialize result, else the serverInfo stamp
-    in a 2026-07-28 result's ``_meta`` (wire dict or model)."""
-    if isinstance(result, Mapping):
-        info = result.get("serverInfo")
-        if info is None:
-            meta = result.get("_meta")
-            info = meta.get(SERVER_INFO_META_KEY) if isinstance(meta, Mapping) else None
-    else:
-        info = getattr(result, "server_info", None)
-    name = info.get("name") if isinstance(info, Mapping) else getattr(info, "name", None)
-    return name if isinstance(name, str) and name else None
 
 
 class LabelBounds:
