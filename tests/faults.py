@@ -74,8 +74,9 @@ def break_budgets(recorder: Any) -> None:
 AGGREGATE_WRITES = ("add", "add_message", "add_duration", "observe", "set", "replace", "touch")
 
 
-def break_aggregate(recorder: Any) -> None:
-    """Make every recording method of ``recorder.aggregate`` (the one store every emitter reads) raise."""
+def break_aggregate(recorder: Any, methods: Sequence[str] = AGGREGATE_WRITES) -> None:
+    """Make these recording methods of ``recorder.aggregate`` (the one store every emitter reads) raise; by
+    default all of them."""
 
     def broken(name: str) -> Any:
         def fail(*args: Any, **kwargs: Any) -> Any:
@@ -83,7 +84,7 @@ def break_aggregate(recorder: Any) -> None:
 
         return fail
 
-    for name in AGGREGATE_WRITES:
+    for name in methods:
         setattr(recorder.aggregate, name, broken(name))
 
 

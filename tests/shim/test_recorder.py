@@ -17,6 +17,7 @@ from mcp_token_otel.core.risk import BREACH_TIERS
 from mcp_token_otel.recorder import TokenRecorder
 
 from ..faults import BrokenMeterProvider, break_aggregate, raising_estimator
+from ..support import scrape
 from .conftest import Otel, make_config
 
 
@@ -173,6 +174,12 @@ def test_a_failing_metrics_store_never_raises_and_is_counted(otel: Otel) -> None
     break_aggregate(rec)  # every write into the one aggregate the emitters read raises
     one_call(rec, "text")
     assert rec.error_counts["metrics"] >= 2
+
+    rec = new_recorder(otel)
+    break_aggregate(rec, ("add_message", "add_duration", "observe"))  # the message path only: faults still counted
+    one_call(rec, "text")
+    assert rec.error_counts["metrics"] >= 2
+    assert scrape(rec).value("mcp_token_instrumentation_errors_total", stage="metrics") == rec.error_counts["metrics"]
 
 
 def test_a_failing_meter_never_raises_and_is_counted(otel: Otel) -> None:
