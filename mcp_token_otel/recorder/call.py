@@ -126,9 +126,12 @@ class Call:
         span: Any = self.span
         if span is None:
             span = self._events = self._events or _Events()
-        refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server)
-        if refusal is not None:
-            self.refusal = shaped_result(refusal, self.version)
+        try:
+            refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server)
+            if refusal is not None:
+                self.refusal = shaped_result(refusal, self.version)
+        except Exception:  # the guards catch their own faults; this is the boundary around the rest
+            rec.fault("guard")
         return self.refusal
 
     def open(self, span: Span | None = None, attributes: Mapping[str, Any] | None = None,
@@ -139,9 +142,17 @@ class Call:
         if self._opened:
             return
         self._opened = True
-        rec = self._rec
         if span is not None:
             self.span = span
+        try:  # the never-break boundary: a fault is counted, the call goes on
+            self._request(attributes, started)
+        except Exception:
+            self._rec.fault("metrics")
+        if not self.started:
+            self.started = time.perf_counter() if started is None else started
+
+    def _request(self, attributes: Mapping[str, Any] | None, started: float | None) -> None:
+        rec = self._rec
         events = self._events
         if events is not None:
             self._events = None
@@ -242,8 +253,11 @@ class Call:
     def close(self) -> None:
         """The exchange is over: a request that got no answer still counts toward its budget, and attributes
         still held go onto the span."""
-        if not self.answered and self._input is not None:
-            self._unanswered()
+        try:
+            if not self.answered and self._input is not None:
+                self._unanswered()
+        except Exception:
+            self._rec.fault("metrics")
         if self.held:
             self._rec._spans.set_attributes(self.span, self.held)
             self.held = {}
@@ -272,6 +286,13 @@ class Call:
         """Measure the answer; with ``guard``, a call's final result goes through the result-side guards. Returns
         what to deliver (``result`` itself when no guard changed it, and on any fault). ``outcome``: what the
         answer is in its logical call, when already known (a task notification)."""
+        try:  # the never-break boundary: a fault is counted, the call goes on with what it was handed
+            return self._record_answer(result, error, at, guard, outcome)
+        except Exception:
+            self._rec.fault("metrics")
+            return result
+
+    def _record_answer(self, result: Any, error: Any, at: float | None, guard: bool, outcome: Outcome | None) -> Any:
         rec = self._rec
         if not self._opened:
             self.open()

@@ -342,7 +342,14 @@ class TokenRecorder:
                 for (side, server), counts in sorted(self.session_states().items()) for state in BUDGET_STATES]
 
     def _session_ended(self, side: Side, utilization: float, meta: SessionMeta | None, why: str) -> None:
-        """A session the ledger let go of: its final utilization and lifetime; an eviction is counted too."""
+        """A session the ledger let go of: its final utilization and lifetime; an eviction is counted too. Runs
+        where a session ends (a connection's exit, a message, a collection): never raises."""
+        try:
+            self._record_session_end(side, utilization, meta, why)
+        except Exception:
+            self.fault("metrics")
+
+    def _record_session_end(self, side: Side, utilization: float, meta: SessionMeta | None, why: str) -> None:
         agg = self.aggregate
         server = self._labels.server(meta)
         agg.observe("mcp_token_session_utilization_ratio", (side, server), utilization, NO_SPAN)
@@ -358,9 +365,12 @@ class TokenRecorder:
 
     def _meta_evicted(self, side: Side, meta: SessionMeta) -> None:
         """A session's metadata evicted at the bound: its held naming request is recorded, the eviction counted."""
-        server = self._labels.server(meta)
-        self._record_pending(meta, server)
-        self.aggregate.add("mcp_token_sessions_evicted", (side, server))
+        try:
+            server = self._labels.server(meta)
+            self._record_pending(meta, server)
+            self.aggregate.add("mcp_token_sessions_evicted", (side, server))
+        except Exception:
+            self.fault("metrics")
 
     def _record_pending(self, meta: SessionMeta, server: str) -> None:
         """A naming request that never got its answer: recorded now, under what the session knows."""
