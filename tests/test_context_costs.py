@@ -19,7 +19,7 @@ from mcp_token_otel.catalog import DEFINITION_PARTS
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.core.profiles import profile_tool_definition, tool_definition_tokens
 from mcp_token_otel.recorder import TokenRecorder
-from mcp_token_otel.recorder.context_costs import MAX_RECENT
+from mcp_token_otel.store.memory import MAX_RECENT
 
 from .calls import exchange
 from .support import scrape
@@ -152,8 +152,9 @@ def test_recent_calls_are_bounded_per_session_oldest_first(recorded: Any) -> Non
     recorder = recorded
     for i in range(MAX_RECENT + 1):  # the first digest is dropped to make room
         call(recorder, "read_file", {"path": str(i)}, text("x"))
-    meta = recorder._ledger.find_meta("client", "s1")
-    assert meta is not None and meta.recent is not None and len(meta.recent) == MAX_RECENT
+    # The recent call digests are kept beside the budget, in the budget store (this process's memory here).
+    digests = recorder._ledger.store._digests[("client", "s1")]
+    assert len(digests.recent) == MAX_RECENT
     call(recorder, "read_file", {"path": "0"}, text("x"))
     assert wasted(recorder, "read_file", "repeated") == 0
     repeated = call(recorder, "read_file", {"path": str(MAX_RECENT)}, text("x"))
