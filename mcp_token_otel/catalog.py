@@ -160,9 +160,10 @@ FAMILIES: tuple[Family, ...] = (
            _OPERATION, DURATION_BUCKETS),
     Family("mcp_token_logical_call_duration_seconds", "histogram", "seconds",
            "Duration of a logical call (tools/call, prompts/get, resources/read), from its first request to its "
-           "final result: across its input_required retries (waiting for the answers included) and its task's "
-           "polling; mcp_token_operation_duration_seconds times each request.",
-           _OPERATION, DURATION_BUCKETS),
+           "final result, across its input_required retries (waiting for the answers included) and its task's "
+           "polling; observed for calls that took more than one request (a call answered at once lasts its "
+           "mcp_token_operation_duration_seconds).",
+           _OPERATION, DURATION_BUCKETS, "mcp_token.logical_call.duration", "s"),
     Family("mcp_token_overhead_tokens", "counter", "tokens",
            "Estimated tokens of output messages that are overhead (framing, _meta, duplicated content); over "
            "mcp_token_tokens_total{direction=\"output\"}: the share of output tokens that is overhead.",

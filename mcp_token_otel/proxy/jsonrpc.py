@@ -249,7 +249,7 @@ class Tracker:
                 self._request(direction, method, message, now)
             else:
                 self.stats.count(direction, "notification")  # never enters the model's context: no budget
-                self.recorder.notify("proxy", method, message.get("params"), self.session_key)
+                self.recorder.notify("proxy", method, message.get("params"), self.session_key, at=now / 1e9)
             return None
         if "id" in message and ("result" in message or "error" in message):
             return self._response(direction, message, now)

@@ -29,7 +29,19 @@ from ..core.risk import BREACH_TIERS
 from ..emitters.otel_metrics import NO_SPAN
 from ..semconv import A_PROTOCOL, MCP_CLIENT_OPERATION_DURATION, MCP_SERVER_OPERATION_DURATION
 from .guarding import is_refusal
-from .legs import LEG_METHODS, TASK, TASK_RESULT, answer_direction, leg_attributes, link, request_part
+from .legs import (
+    LEG_METHODS,
+    MRTR_METHODS,
+    TASK,
+    TASK_CREATED,
+    TASK_RESULT,
+    answer_direction,
+    asks_more,
+    is_retry,
+    leg_attributes,
+    link,
+    request_part,
+)
 
 if TYPE_CHECKING:
     from ..core.logical_calls import Leg, Outcome
@@ -68,9 +80,9 @@ class _Events:
 class Call:
     """One request and its answer (or a notification), measured once. Made by :meth:`TokenRecorder.begin`."""
 
-    __slots__ = ("_events", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted", "held", "key",
-                 "leg", "method", "params", "refusal", "server", "side", "span", "started", "tool", "transport",
-                 "version")
+    __slots__ = ("_events", "_first_leg", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted",
+                 "counts_as", "held", "key", "leg", "method", "params", "refusal", "server", "side", "span", "started",
+                 "tool", "transport", "version")
 
     def __init__(self, rec: TokenRecorder, side: Side, method: str, params: Any, key: str | None,
                  server: str | None = None, budgeted: bool = True, version: str | None = None) -> None:
@@ -102,6 +114,10 @@ class Call:
         self.answered = False
         #: What this exchange is in its logical call (a first leg, a retry, a task message), or None.
         self.leg: Leg | None = None
+        #: The direction the request counts as when the caller knows better (a task notification's is ``task``).
+        self.counts_as: str | None = None
+        #: A call's first request: a leg of a logical call only if its answer asks for more (made then).
+        self._first_leg = False
         self._input: Measurement | None = None
         self._meta: SessionMeta | None = None
         self._opened = False
@@ -165,16 +181,19 @@ class Call:
         ledger = rec._ledger
         if ledger.ending:
             rec._end_queued()
-        counted, direction = self.params, "input"
-        if self.method in LEG_METHODS:
-            try:
-                leg = self.leg = rec.logical[self.side].request(self.method, self.params, self.key)
-                counted, direction = request_part(leg, self.params)
-                if leg.role == TASK:
-                    self.budgeted = False  # task bookkeeping never enters the model's context
-                link(self.span, leg)
-            except Exception:
-                rec.fault("metrics")
+        counted, direction = self.params, self.counts_as or "input"
+        if self.method in LEG_METHODS and self.counts_as is None:
+            if self.method in MRTR_METHODS and not is_retry(self.params):
+                self._first_leg = True  # most calls are answered at once: joined only if the answer asks
+            else:
+                try:
+                    leg = self.leg = rec.logical[self.side].request(self.method, self.params, self.key, started)
+                    counted, direction = request_part(leg, self.params)
+                    if leg.role == TASK:
+                        self.budgeted = False  # task bookkeeping never enters the model's context
+                    link(self.span, leg)
+                except Exception:
+                    rec.fault("metrics")
         try:
             m = measure_request(self.method if direction == "input" else "", counted, rec.policy)
         except Exception:
@@ -254,8 +273,11 @@ class Call:
         """The exchange is over: a request that got no answer still counts toward its budget, and attributes
         still held go onto the span."""
         try:
-            if not self.answered and self._input is not None:
-                self._unanswered()
+            if not self.answered:
+                if self._input is not None:
+                    self._unanswered()
+                if self.leg is not None:  # never answered: its logical call ends unfinished
+                    self._rec.logical[self.side].abandon(self.leg)
         except Exception:
             self._rec.fault("metrics")
         if self.held:
@@ -302,10 +324,16 @@ class Call:
         side = self.side
         duration = max(0.0, (time.perf_counter() if at is None else at) - self.started)
         leg = self.leg
+        if leg is None and self._first_leg and error is None and asks_more(result):
+            try:  # the first leg of a call that goes on (input_required, a task): joined from here
+                leg = self.leg = rec.logical[side].request(self.method, self.params, self.key, self.started)
+                link(self.span, leg)
+            except Exception:
+                rec.fault("metrics")
         if leg is not None and outcome is None:
             try:
                 logical = rec.logical[side]
-                outcome = logical.error(leg, error) if error is not None else logical.result(leg, result)
+                outcome = logical.error(leg, error, at) if error is not None else logical.result(leg, result, at)
             except Exception:
                 rec.fault("metrics")
         direction = answer_direction(leg, outcome)
@@ -349,11 +377,17 @@ class Call:
             costs = rec._costs
             # A retry is never a repeated call: a call's digest is asked at its final result, unless its first
             # leg was not seen.
-            repeatable = final and tool is not None and failure is None and not delivered_by_task and not (
-                outcome is not None and outcome.call is not None and outcome.call.partial)
+            joined = outcome.call if outcome is not None else None
+            if task_call is not None:  # the digest its first leg kept when the task was created
+                digest = task_call.data if failure is None else None
+            elif final and tool is not None and failure is None and not (joined is not None and joined.partial):
+                digest = costs.call_digest(tool, self.arguments)
+            else:
+                digest = None
+            if joined is not None and outcome is not None and outcome.kind == TASK_CREATED and tool is not None:
+                joined.data = costs.call_digest(tool, self.arguments)  # asked when its result arrives
             update = ledger.record(
-                side, key, inputs + (0 if direction == "task" else tokens),
-                costs.call_digest(tool, self.arguments) if repeatable and tool is not None else None,
+                side, key, inputs + (0 if direction == "task" else tokens), digest,
                 costs.tools_digest(meta, definitions) if definitions is not None else None,
             )
         elif ledger.ended_waiting:
@@ -380,11 +414,16 @@ class Call:
             self.held = {}
         if delivered_by_task:  # the call's output under its own labels; this task message's duration under its own
             message_metrics(rec, side, method, tool, "output", m, label)
-            if leg is not None:  # a request's (a notification has no duration)
+            if leg is not None:  # a request's (a notification has no duration; its envelope counted as it came)
                 leg_duration(rec, side, label, self.method, self.tool, duration, transport, protocol)
+                if outcome is not None and outcome.envelope:  # the task state around the result: bookkeeping
+                    envelope = measure_result(self.method, outcome.envelope, policy=rec.policy)
+                    message_metrics(rec, side, self.method, self.tool, "task", envelope, label)
         else:
             message_metrics(rec, side, method, tool, direction, m, label, duration, transport, protocol)
-        if final and outcome is not None and outcome.call is not None and outcome.duration is not None:
+        joined = outcome.call if outcome is not None else None
+        if final and joined is not None and outcome is not None and outcome.duration is not None and (
+                joined.legs > 1 or joined.task):  # a call answered at once: its operation duration is the call's
             logical_duration(rec, side, label, method, tool, outcome.duration)
         if update is not None:
             for state in update.transitions:
@@ -498,4 +537,4 @@ def logical_duration(rec: TokenRecorder, side: str, label: str, method: str, too
                      seconds: float) -> None:
     """A logical call's whole duration, from its first request to its final answer."""
     ms = rec._series(side, label, method, tool, "output", False)
-    rec.aggregate.observe("mcp_token_logical_call_duration_seconds", ms.out, seconds)
+    rec.aggregate.observe("mcp_token_logical_call_duration_seconds", ms.out, seconds, NO_SPAN)

@@ -41,6 +41,7 @@ from ..core.logical_calls import (
     TASK_STATUS,
     Leg,
     Outcome,
+    is_retry,
 )
 
 #: Methods whose requests may be legs of a logical call.
@@ -51,6 +52,17 @@ A_LEG = "mcp_token.call.leg"
 A_LEGS = "mcp_token.call.legs"
 A_RESULT_TYPE = "mcp_token.result_type"
 A_LINK_TYPE = "mcp_token.link.type"
+
+
+def asks_more(result: Any) -> bool:
+    """Whether a first leg's answer makes its call go on: ``input_required``, a task handle (the extension's
+    ``resultType: "task"``, or 2025-11-25's result holding ``task``)."""
+    if type(result) is not dict:
+        return False
+    kind = result.get("resultType")
+    if kind is None:
+        return "task" in result and "content" not in result
+    return kind == "input_required" or kind == "task"
 
 
 def request_part(leg: Leg | None, params: Any) -> tuple[Any, str]:
@@ -102,5 +114,5 @@ def leg_attributes(leg: Leg, outcome: Outcome | None, result: Any) -> dict[str, 
     return attrs
 
 
-__all__ = ["CALL", "LEG_METHODS", "RETRY", "TASK", "TASK_RESULT", "answer_direction", "leg_attributes", "link",
-           "request_part"]
+__all__ = ["CALL", "LEG_METHODS", "MRTR_METHODS", "RETRY", "TASK", "TASK_CREATED", "TASK_RESULT", "answer_direction",
+           "asks_more", "is_retry", "leg_attributes", "link", "request_part"]

@@ -101,9 +101,12 @@ class TokenRecorder:
         self.tool_names: NameLimiter = self._labels.tool_names
         self._series_cache: dict[tuple[Any, ...], MessageSeries] = {}
         #: The legs of each side's logical calls (multi round-trip requests, tasks), joined.
+        #: Each on the clock its side's calls are timed with (the proxy: the wall clock its relay stamps messages
+        #: with; the shim: time.perf_counter()), so a logical call's duration is what its legs' add up to.
         self.logical: dict[str, LogicalCalls] = {
             side: LogicalCalls(window=self.config.metrics.logical_call_window,
-                               task_window=self.config.metrics.task_window, max_entries=budget.max_sessions)
+                               task_window=self.config.metrics.task_window, max_entries=budget.max_sessions,
+                               clock=time.time if side == "proxy" else time.perf_counter)
             for side in _SIDES
         }
         self._start_series(server)
@@ -136,18 +139,24 @@ class TokenRecorder:
         return Call(self, side, method, params, key, server, budgeted, version)
 
     def notify(self, side: Side, method: str, params: Any, key: str | None, *, server: str | None = None,
-               span: Span | None = None) -> None:
-        """A notification: its tokens on the metrics, on no budget (``key`` only names the session's server)."""
-        call = self.begin(side, method, params, key, server=server, budgeted=False)
-        call.open(span)
-        if method in TASK_NOTIFICATIONS:  # a task's state, its call's result inlined once it is done
+               span: Span | None = None, at: float | None = None) -> None:
+        """A notification: its tokens on the metrics, on no budget (``key`` only names the session's server).
+        A task's notification is task bookkeeping; one that delivers its call's result counts that result as
+        the call's output (``at``: when, on the side's clock)."""
+        outcome = None
+        if method in TASK_NOTIFICATIONS:
             try:
-                outcome = self.logical[side].notification(method, params)
+                outcome = self.logical[side].notification(method, params, at)
             except Exception:
                 self.fault("metrics")
-                outcome = None
-            if outcome is not None and outcome.kind == TASK_RESULT:
-                call.delivered(outcome)
+        delivers = outcome is not None and outcome.kind == TASK_RESULT
+        call = self.begin(side, method, (outcome.envelope or {}) if delivers else params,  # type: ignore[union-attr]
+                          key, server=server, budgeted=False)
+        if method in TASK_NOTIFICATIONS:
+            call.counts_as = "task"
+        call.open(span)
+        if delivers:
+            call.delivered(outcome)  # type: ignore[arg-type]
         call.close()
 
     def budget_key(self, facts: KeyFacts) -> str | None:
