@@ -2,7 +2,10 @@
 requests), plus one task-augmented tool (the test tasks extension, tasks_extension.py) and plain tools.
 
 Importable (``make_server()``) or run with ``sys.executable``: stdio by default, streamable HTTP on
-127.0.0.1 with ``--http PORT``. What each tool does on the wire:
+127.0.0.1 with ``--http PORT``; ``--steady-seal`` seals every round's state to the same length (see
+:class:`SteadySeal`); with ``MRTR_METRICS_FILE`` set, the shim instruments the server (configured by the
+``MCP_TOKEN_OTEL_*`` variables) and the URL of its /metrics (on a free port) is written to that file. What each
+tool does on the wire:
 
 * ``delete_report(path)``: one elicitation (``Resolve`` + ``Elicit``), then a ~1,000-token report (chars/4):
   an ``input_required`` leg, then the final result.
@@ -21,11 +24,14 @@ Importable (``make_server()``) or run with ``sys.executable``: stdio by default,
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
 
 from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve, Sample
+from mcp.server.request_state import AESGCMRequestStateCodec, RequestStateSecurity
 from mcp.types import (
     CreateMessageRequest,
     CreateMessageRequestParams,
@@ -85,8 +91,27 @@ def _accepted(ctx: Context, key: str) -> bool | None:
     return answer.action == "accept" and bool((answer.content or {}).get("ok"))
 
 
-def make_server() -> MCPServer:
-    server = MCPServer("logical", extensions=[TasksExtension()])
+class SteadySeal:
+    """The SDK's AES-GCM sealing with the claims' times in whole seconds. The SDK writes ``iat`` and ``exp`` as
+    floats, whose length varies from round to round, so a sealed state is a few characters longer or shorter on
+    every run; in whole seconds every run of a scenario has the same bytes count, and the paths that measure it
+    (the shim's sides, both proxies) can be compared exactly across runs. Expiry comes up to a second early."""
+
+    def __init__(self) -> None:
+        self.codec = AESGCMRequestStateCodec([os.urandom(32)])
+
+    def seal(self, payload: bytes) -> str:
+        claims = json.loads(payload)
+        claims["iat"], claims["exp"] = int(claims["iat"]), int(claims["exp"])
+        return self.codec.seal(json.dumps(claims, separators=(",", ":")).encode())
+
+    def unseal(self, token: str) -> bytes:
+        return self.codec.unseal(token)
+
+
+def make_server(steady_seal: bool = False) -> MCPServer:
+    security = RequestStateSecurity(codec=SteadySeal()) if steady_seal else None
+    server = MCPServer("logical", extensions=[TasksExtension()], request_state_security=security)
 
     @server.tool()
     def delete_report(path: str, confirm: Annotated[Confirm, Resolve(ask_confirm)]) -> str:
@@ -153,11 +178,34 @@ def make_server() -> MCPServer:
 __all__ = ["REPORT", "CreateMessageRequest", "CreateMessageRequestParams", "make_server"]
 
 
+def _instrument(metrics_file: str) -> None:
+    """The shim on this server (before it is built), its /metrics on a free port, the URL written to a file."""
+    from mcp_token_otel.instrumentation import instrument, prometheus_service
+
+    os.environ.setdefault("MCP_TOKEN_OTEL_PROMETHEUS_ENABLED", "true")
+    os.environ.setdefault("MCP_TOKEN_OTEL_PROMETHEUS_PORT", "0")
+    instrument()
+    service = prometheus_service()
+    Path(metrics_file).write_text(service.server.url if service and service.server else "", encoding="utf-8")
+
+
 if __name__ == "__main__":
-    app = make_server()
-    if len(sys.argv) >= 3 and sys.argv[1] == "--http":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on 127.0.0.1:PORT (else stdio)")
+    parser.add_argument("--steady-seal", action="store_true", help="seal every round's state to the same length")
+    options = parser.parse_args()
+    if os.environ.get("MRTR_METRICS_FILE"):
+        _instrument(os.environ["MRTR_METRICS_FILE"])
+    # Built from the module by its name, as an importer builds it: the sealed state names the resolvers by
+    # module ("mrtr_server:ask_confirm", not "__main__:ask_confirm"), so its length is the same either way.
+    from mrtr_server import make_server as make_named
+
+    app = make_named(options.steady_seal)
+    if options.http is not None:
         import uvicorn
 
-        uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+        uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=options.http, log_level="warning")
     else:
         app.run()
