@@ -128,8 +128,6 @@ def test_a_confirmed_call_counts_each_part_once_under_its_own_direction(name: st
         assert expected == {"input": 9, "input_required": 186, "input_response": 118, "output": 2037}
 
 
-@pytest.mark.xfail(strict=True, reason="recorder: the proxy times each leg by the wire (Call.open's started, the "
-                   "answer's at) but the logical call by the measuring thread's clock (LogicalCalls is given no now)")
 def test_the_logical_duration_is_the_wire_time_from_the_first_request_to_the_final_answer() -> None:
     run = proxy_replay("elicit_once.http", keyed())
     # One message a second: each leg lasts a second on the wire, the call three (request, question, retry, result).
@@ -254,16 +252,12 @@ def test_a_result_notified_then_polled_is_one_output() -> None:
     assert run.value(LOGICAL, tool="get_weather") == 1
 
 
-@pytest.mark.xfail(strict=True, reason="recorder: a task notification is measured as direction input at "
-                   "Call.open (its method is not a leg method), so the result it inlines is counted twice")
 def test_a_task_notification_is_task_bookkeeping_not_input() -> None:
     run = proxy_replay("tasks_notification_spec.spec")
     assert run.value(TOKENS, method="notifications/tasks", direction="input") == 0
     assert run.value(TOKENS, method="notifications/tasks", direction="task") > 0
 
 
-@pytest.mark.xfail(strict=True, reason="recorder: the completed tasks/get answer counts only the result it "
-                   "inlines (as the call's output); the task state around it is counted nowhere")
 def test_the_completed_polls_task_state_is_task_bookkeeping() -> None:
     run = proxy_replay("tasks_spec.spec")
     p = policy()
