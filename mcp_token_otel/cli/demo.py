@@ -35,12 +35,13 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
 import anyio
 import anyio.abc
 import uvicorn
-from mcp.types import CallToolResult, TextContent
+from mcp.server.mcpserver import Elicit, Resolve
+from mcp.types import CallToolResult, ElicitResult, TextContent
 from pydantic import BaseModel
 
 from ..config import Config
@@ -52,7 +53,7 @@ from ..recorder import Call
 
 #: Tools and how often an agent calls them.
 TOOL_WEIGHTS: dict[str, int] = {
-    "get_time": 30, "search_docs": 30, "read_file": 18, "export_table": 10, "lookup_user": 12,
+    "get_time": 30, "search_docs": 30, "read_file": 18, "export_table": 10, "lookup_user": 12, "purge_cache": 6,
 }
 DEMO_CONTEXT_WINDOW = 60_000
 #: The demo's guards (server side, enforce): export_table's responses are ~9,500-15,000 tokens, so about half
@@ -196,6 +197,12 @@ class TimeOfDay(BaseModel):
     is_dst: bool
 
 
+class Confirmation(BaseModel):
+    """What purge_cache asks the user."""
+
+    ok: bool
+
+
 def build_server(seed: int = 0) -> Any:
     from mcp.server.mcpserver import MCPServer
 
@@ -244,7 +251,24 @@ def build_server(seed: int = 0) -> Any:
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(
             {"id": user_id, "name": rng.choice(_WORDS).title(), "roles": ["reader"]}))])
 
+    @server.tool()
+    def purge_cache(region: str, confirmed: Annotated[Confirmation, Resolve(_confirm_purge)]) -> str:
+        """Purge a region's cache after the user confirms (protocol 2026-07-28: an input_required answer, then
+        the result: one logical call of two requests)."""
+        if not confirmed.ok:
+            return f"{region}: nothing purged."
+        return f"{region}: purged. " + " ".join(_sentence(rng, 10) for _ in range(rng.randint(8, 16)))
+
     return server
+
+
+def _confirm_purge(region: str) -> Elicit[Confirmation]:
+    return Elicit(f"Purge the {region} cache?", Confirmation)
+
+
+async def _confirm(context: Any, params: Any) -> ElicitResult:
+    """The agents' user: confirms what they are asked."""
+    return ElicitResult(action="accept", content={"ok": True})
 
 
 _ARGS: dict[str, Any] = {
@@ -253,6 +277,7 @@ _ARGS: dict[str, Any] = {
     "read_file": lambda rng: {"path": f"src/{rng.choice(_WORDS)}.py"},
     "export_table": lambda rng: {"table": rng.choice(["orders", "events", "users"])},
     "lookup_user": lambda rng: {"user_id": rng.randint(1, 5000)},
+    "purge_cache": lambda rng: {"region": rng.choice(["eu-west", "us-east", "ap-south"])},
 }
 
 
@@ -296,7 +321,7 @@ async def _agent(
     names, weights = list(TOOL_WEIGHTS), list(TOOL_WEIGHTS.values())
     while not stop.is_set() and time.monotonic() < deadline:
         planned = rng.randint(6, 26)  # some sessions stay ok, some reach warning or exhaustion
-        async with Client(server, mode=mode) as client:
+        async with Client(server, mode=mode, elicitation_callback=_confirm) as client:
             await client.list_tools()
             for call in range(planned):
                 if stop.is_set() or time.monotonic() >= deadline:
