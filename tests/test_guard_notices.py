@@ -174,3 +174,20 @@ def test_notices_through_the_recorder() -> None:
     finally:
         rec.close()
         meters.shutdown()
+
+
+def test_a_cut_counts_the_data_tokens_of_a_result_that_repeats_its_text() -> None:
+    """The filesystem server's {"content": text} copy of a whole-file read is overhead: the cap's notice says how
+    much of the data (the text, once) it shows, not of the doubled message."""
+    config = make_config(guard={"mode": "enforce", "max_response_tokens": 500})
+    rec = TokenRecorder(config, TracerProvider(), MeterProvider())
+    text = "line of a large file\n" * 2000
+    result = {"content": [{"type": "text", "text": text}], "structuredContent": {"content": text}}
+    try:
+        delivered, _ = exchange(rec, "server", "tools/call", {"name": "read_text_file", "arguments": {}}, "s1",
+                                result=result, guard=True)
+    finally:
+        rec.close()
+    data = measure_result("tools/call", {"content": [{"type": "text", "text": text}]}, policy=rec.policy).data_tokens
+    notice = delivered["content"][-1]["text"]
+    assert f"of {data:,}." in notice and "Showing tokens 1-" in notice

@@ -121,3 +121,21 @@ def test_an_unanswered_request_still_counts_and_ends_on_its_span() -> None:
     request = measure_request("tools/call", params, rec.policy).total_tokens
     assert span.attributes[A_INPUT_TOKENS] == request
     assert rec.sessions["server"].get("s").tokens == request
+
+
+def test_an_older_servers_answer_to_the_discover_probe_is_no_error() -> None:
+    """An mcp 2.x client probes with server/discover; a server of an earlier protocol answers "method not found"
+    and the client falls back to initialize: version negotiation, counted as a call but never as an error."""
+    from .calls import exchange
+    from .support import scrape
+
+    rec = TokenRecorder(config_from_dict({}), TracerProvider())
+    try:
+        exchange(rec, "client", "server/discover", {}, "c1", error={"code": -32601, "message": "Method not found"})
+        exchange(rec, "client", "tools/call", {"name": "t"}, "c1", error={"code": -32602, "message": "bad"})
+        found = scrape(rec)
+    finally:
+        rec.close()
+    assert found.value("mcp_token_call_errors_total", method="server/discover") == 0
+    assert found.value("mcp_token_call_errors_total", method="tools/call") == 1  # other errors still count
+    assert found.value("mcp_token_responses_total", method="server/discover") == 1

@@ -99,21 +99,26 @@ def _parsed_json(text: str) -> Any:
 _NOT_JSON = object()
 
 
-def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size, bool] | None:
-    """How structuredContent repeats a text block, if it does: (that text's size, whether it is MCPServer's
-    {"result": text} wrapping of the very string, whose size is then the text's plus the wrapper's)."""
-    wrapped = _NOT_JSON
+def _duplicate_of(structured: Any, texts: list[tuple[str, Size]]) -> tuple[Size, str | None] | None:
+    """How structuredContent repeats a text block, if it does: (that text's size, the key of the one-member
+    object that wraps the very string, or None when the structure is the text's JSON). A wrapper's size is then
+    the text's plus the wrapper's: MCPServer's ``{"result": text}``, the filesystem server's ``{"content": text}``,
+    any one-member object around a text block."""
+    key: str | None = None
+    wrapped: Any = _NOT_JSON
     if isinstance(structured, (dict, Mapping)) and len(structured) == 1:
-        wrapped = structured.get("result", _NOT_JSON)
+        key, wrapped = next(iter(structured.items()))
+        if not isinstance(key, str):
+            key, wrapped = None, _NOT_JSON
     for text, size in texts:
         if wrapped is not _NOT_JSON and (wrapped is text or wrapped == text):
-            return size, True
+            return size, key
         parsed = _parsed_json(text)
         if parsed is _NOT_JSON:
             continue
         try:
             if parsed == structured or (wrapped is not _NOT_JSON and parsed == wrapped):
-                return size, False
+                return size, None
         except RecursionError:
             continue
     return None
@@ -159,8 +164,9 @@ def measure_payload(b: Builder, result: Mapping[str, Any]) -> None:
         duplicate = _duplicate_of(structured, texts)
         if duplicate is None:
             b.add("structuredContent", b.value(structured))
-        elif duplicate[1]:  # {"result": text}: no need to estimate the same string twice
-            text, wrapper = duplicate[0], b.value(RESULT_WRAPPER)
+        elif duplicate[1] is not None:  # {key: text}: no need to estimate the same string twice
+            text = duplicate[0]
+            wrapper = b.value(RESULT_WRAPPER) if duplicate[1] == "result" else b.value({duplicate[1]: ""})
             b.add("structuredContent", overhead=Size(text.tokens + wrapper.tokens, text.bytes + wrapper.bytes))
         else:
             b.add("structuredContent", overhead=b.value(structured))

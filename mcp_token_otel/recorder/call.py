@@ -14,6 +14,7 @@ with what it was handed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from .ledger import SessionMeta, Side
     from .token_recorder import TokenRecorder
 
+#: The JSON-RPC code an older server answers an unknown method (server/discover) with.
+METHOD_NOT_FOUND = -32601
 #: Requests whose result names the server (client side): their own metrics wait for it.
 _NAMING = frozenset({"initialize", "server/discover"})
 _CONVENTION_SIDES = frozenset({"client", "server"})
@@ -354,6 +357,9 @@ class Call:
             rec.fault("estimate")
             self._unanswered()
             return result
+        if failure is not None and method == "server/discover" and m.error_type == str(METHOD_NOT_FOUND):
+            # An older server answers the 2026 client's probe "method not found": version negotiation, no error.
+            m = dataclasses.replace(m, error_type=None)
         final = direction == "output"
         deliver, tokens, cost = result, m.total_tokens, None
         guards = rec._guards
