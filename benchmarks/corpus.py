@@ -40,7 +40,7 @@ KINDS: tuple[str, ...] = (
     "markdown_table",
     "logs",
     "multilingual",  # extra kind (not a target): keeps the non-ASCII weights honest
-    # Real text only (no generator): the kinds the estimator used to miss most.
+    # Real text only (no generator): the kinds the estimator misses most.
     "app_logs",  # log files on this machine: /var/log, npm debug logs, logs shipped in /usr/share/doc
     "html",  # HTML shipped by packages: /usr/share/doc, npm's docs, site-packages
     "other_languages",  # translated man pages (/usr/share/man/<lang>), rendered to text by groff

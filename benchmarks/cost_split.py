@@ -9,9 +9,10 @@ sees the same machine at the same moments:
                (``--otel``);
     -measure   measuring skipped: the first request's and result's measurement reused (sizing, estimating);
     -spans     the span attributes and events not written (the SDK's set_attributes included);
-    -metrics   the sink fan-out skipped (every metric point);
+    -metrics   the metric points skipped (every aggregate update, the OpenTelemetry histogram points);
     -costs     the repeat and duplicate detection skipped (wasted tokens);
-    adapter    the recorder skipped entirely: what is left is the adapter's own work;
+    adapter    the recorder skipped entirely (every call passes through untouched, as in a suppression context):
+               what is left is the adapter's own work;
     sdk-span   the shim off, and a bare middleware setting the attributes the shim sets on the call's span (the
                values of floor_hook in shim_overhead.py): the SDK's price of those attributes alone, against "off".
 
@@ -77,16 +78,23 @@ def _reusing(measure: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def arm_patches(shim: Any) -> dict[str, list[tuple[Any, str, Any]]]:
-    from mcp_token_otel.recorder import facade
+    from mcp_token_otel.recorder import call as calls
+    from mcp_token_otel.recorder.call import OffCall
 
     rec = shim.recorder
+
+    def passing_through(side: Any, method: str, params: Any, key: Any, *, server: Any = None,
+                        budgeted: bool = True, version: Any = None) -> Any:
+        return OffCall(rec, side, method, params, key, server, budgeted, version)
+
     return {
-        "-measure": [(facade, "measure_result", _reusing(facade.measure_result)),
-                     (facade, "measure_request", _reusing(facade.measure_request))],
+        "-measure": [(calls, "measure_result", _reusing(calls.measure_result)),
+                     (calls, "measure_request", _reusing(calls.measure_request))],
         "-spans": [(rec._spans, "request", _noop), (rec._spans, "response", _noop)],
-        "-metrics": [(rec._fanout, "message", _noop), (rec._fanout, "unbudgeted", _noop)],
+        "-metrics": [(calls, "message_metrics", _noop), (rec.aggregate, "add", _noop),
+                     (rec.aggregate, "observe", _noop)],
         "-costs": [(rec._costs, "call", _noop), (rec._costs, "output", _noop)],
-        "adapter": [(rec, "record_input", _noop), (rec, "record_output", _noop)],
+        "adapter": [(rec, "begin", passing_through)],
     }
 
 

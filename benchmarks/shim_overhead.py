@@ -128,29 +128,34 @@ def shim_arm(name: str, sides: tuple[str, ...] = ("server",), meter: bool = True
 
 
 def floor_hook(meter_provider: MeterProvider) -> Callable[[Any], None]:
-    """The floor arm: the shim's signals for one call at their SDK price, with nothing measured."""
-    from mcp_token_otel.core.measure import Measurement
-    from mcp_token_otel.emitters.otel_metrics import OtelMetricsSink
-    from mcp_token_otel.emitters.sink import CallInfo
+    """The floor arm: the shim's signals for one call at their SDK price, with nothing measured: the span
+    attributes, and the call's points through an aggregate with its OpenTelemetry side (the counters read at
+    collection, the histogram points in the call) from precomputed figures."""
+    from mcp_token_otel.emitters.aggregate import Aggregate
+    from mcp_token_otel.emitters.otel_metrics import NO_SPAN, OtelMetrics
+    from mcp_token_otel.semconv import MCP_SERVER_OPERATION_DURATION
 
-    sink = OtelMetricsSink(meter_provider, server="bench")
+    aggregate = Aggregate()
+    aggregate.points = OtelMetrics(aggregate, meter_provider).points
     attributes: dict[str, Any] = {  # what the shim sets on a server-side 2 KB tools/call (constant values)
         "mcp_token.input_tokens": 2, "mcp_token.output_tokens": 767, "mcp_token.overhead_tokens": 403,
         "mcp_token.overhead_ratio": 0.525, "mcp_token.risk_tier": "low", "mcp_token.estimator": "default",
         "mcp_token.session.tokens": 1726, "mcp_token.session.utilization": 0.0086, "mcp_token.session.state": "ok",
     }
-    request = Measurement("input", "tools/call", "fetch", (), 2, 2, 0, 0.0, "low")  # type: ignore[arg-type,unused-ignore]
-    response = Measurement("output", "tools/call", "fetch", (), 767, 364, 403, 0.525, "low")  # type: ignore[arg-type,unused-ignore]
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
         started = time.perf_counter()
         result = await call_next(ctx)
         if ctx.request_id is not None:
             trace.get_current_span().set_attributes(attributes)
-            sink.record_message("server", ctx.method, "fetch", "input", request, "bench")
-            sink.record_message("server", ctx.method, "fetch", "output", response, "bench")
+            request = aggregate.message("server", "bench", ctx.method, "fetch", "input")
+            response = aggregate.message("server", "bench", ctx.method, "fetch", "output")
+            aggregate.add_message(request, 2, 40, 0, None, None, NO_SPAN)
+            aggregate.add_message(response, 767, 2100, 403, "low", None, NO_SPAN)
             duration = time.perf_counter() - started
-            sink.record_call("server", ctx.method, "fetch", "bench", CallInfo(None, duration, None, None))
+            aggregate.add_duration(response, duration)
+            aggregate.observe(MCP_SERVER_OPERATION_DURATION, (None, "bench", ctx.method, "fetch", None, None, None),
+                              duration, NO_SPAN)
         return result
 
     return lambda server: server._lowlevel_server.middleware.append(middleware)
@@ -209,13 +214,14 @@ def make_server(payload: str) -> Any:
 
 def _keep_sides(client: Any, server: Any, sides: tuple[str, ...]) -> None:
     """Leave the shim on the arm's sides only, whatever the adapter made of ``instrumentation.sides``."""
-    from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy, V2Shim
+    from mcp_token_otel.adapters.mcp_v2 import DispatcherProxy
+    from mcp_token_otel.adapters.mcp_v2.server import remove_middleware
 
     dispatcher = client.session._dispatcher
     if "client" not in sides and isinstance(dispatcher, DispatcherProxy):
         client.session._dispatcher = dispatcher._inner
     if "server" not in sides:
-        V2Shim.remove_middleware(server)
+        remove_middleware(server)
 
 
 async def timed_block(mode: str, payload: str, seconds: float, arm: Arm) -> tuple[list[float], int]:

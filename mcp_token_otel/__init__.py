@@ -63,8 +63,7 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module 'mcp_token_otel' has no attribute {name!r}") from None
     value = getattr(importlib.import_module(module), attribute)
-    if name != "instrument":  # the old module path may rebind that one; resolve it on each access
-        globals()[name] = value
+    globals()[name] = value
     return value
 
 

@@ -56,6 +56,7 @@ OVERFLOW_VALUE = "_other"
 #: This project's attributes of the context-cost families (the others come from semconv).
 M_DEFINITION_PART = "mcp_token.definition.part"
 M_WASTE_KIND = "mcp_token.waste.kind"
+M_STORE_OP = "mcp_token.budget_store.op"
 #: The parts of a tool definition the split definition gauge shows; they add up to the definitions' total.
 DEFINITION_PARTS: tuple[str, ...] = ("description", "schema", "names")
 #: The kinds of wasted output tokens.
@@ -81,6 +82,7 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "family": M_FAMILY,
     "part": M_DEFINITION_PART,
     "kind": M_WASTE_KIND,
+    "op": M_STORE_OP,
 }
 
 
@@ -108,6 +110,11 @@ class Family:
     otel_attributes: tuple[str, ...] = ()
 
     @property
+    def key(self) -> str:
+        """The family's one name in this project: the Prometheus name, else the OpenTelemetry instrument's."""
+        return self.name or self.otel_name
+
+    @property
     def sample_name(self) -> str:
         """The name of the family's plain samples (counters take ``_total``)."""
         return f"{self.name}_total" if self.kind == "counter" else self.name
@@ -123,14 +130,19 @@ _TIER = ("side", "server", "method", "tool", "risk_tier")
 _OPERATION = ("side", "server", "method", "tool")
 _CALL = (*_OPERATION, "error_type")
 _SESSION = ("side", "server")
-_CONVENTION_CALL = ("server", "method", "tool", "error_type", "transport", "protocol")
-_CONVENTION_SESSION = ("server", "transport", "protocol")
+#: The MCP conventions' instruments: their own attributes, and this project's side where the instrument's name does
+#: not say it (the proxy's points, in the client instruments).
+_CONVENTION_CALL = ("side", "server", "method", "tool", "error_type", "transport", "protocol")
+_CONVENTION_SESSION = ("side", "server", "transport", "protocol")
 
 FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_message_tokens", "histogram", "tokens",
            "Estimated tokens of one MCP message (input: request params; output: the response).",
            _MESSAGE, TOKEN_BUCKETS, "mcp_token.message.tokens", "{token}"),
-    Family("mcp_token_tokens", "counter", "tokens", "Estimated tokens of MCP messages.",
+    Family("mcp_token_tokens", "counter", "tokens",
+           "Estimated tokens of MCP messages, by direction: input (a call's name and arguments, once), output (its "
+           "final result, once), input_required (the questions and sealed state of a multi round-trip call), "
+           "input_response (a retry's answers and echoed state), task (task handles, polls and their answers).",
            _MESSAGE, otel_name="mcp_token.tokens", otel_unit="{token}", sum_of="mcp_token_message_tokens"),
     Family("mcp_token_bytes", "counter", "bytes", "UTF-8 bytes of MCP messages.",
            _MESSAGE, otel_name="mcp_token.bytes", otel_unit="By"),
@@ -146,6 +158,12 @@ FAMILIES: tuple[Family, ...] = (
            "Duration of an MCP request, from the request to its response (the MCP conventions' buckets); errors "
            "included (mcp_token_call_errors_total counts them per error_type).",
            _OPERATION, DURATION_BUCKETS),
+    Family("mcp_token_logical_call_duration_seconds", "histogram", "seconds",
+           "Duration of a logical call (tools/call, prompts/get, resources/read), from its first request to its "
+           "final result, across its input_required retries (waiting for the answers included) and its task's "
+           "polling; observed for calls that took more than one request (a call answered at once lasts its "
+           "mcp_token_operation_duration_seconds).",
+           _OPERATION, DURATION_BUCKETS, "mcp_token.logical_call.duration", "s"),
     Family("mcp_token_overhead_tokens", "counter", "tokens",
            "Estimated tokens of output messages that are overhead (framing, _meta, duplicated content); over "
            "mcp_token_tokens_total{direction=\"output\"}: the share of output tokens that is overhead.",
@@ -205,6 +223,11 @@ FAMILIES: tuple[Family, ...] = (
            "Live sessions whose bookkeeping was dropped, least recently used first, to stay within "
            "budget.max_sessions.",
            _SESSION, otel_name="mcp_token.sessions.evicted", otel_unit="{session}"),
+    Family("mcp_token_budget_store_errors", "counter", "operations",
+           "Budget-store operations answered from this process's own count because the shared store (budget.store) "
+           "failed, timed out or was backing off after a failure (op: add, peek, rate, end, flush, probe): the "
+           "conversation's figures here are this replica's share until it answers again.",
+           ("server", "op"), otel_name="mcp_token.budget_store.errors", otel_unit="{operation}"),
     Family("mcp_token_unbudgeted_tokens", "counter", "tokens",
            "Estimated tokens of messages that no budget key (budget.key) attributed to a conversation: "
            "context use no budget, hard limit or exhaustion alert sees.",
@@ -306,8 +329,9 @@ def main(argv: list[str]) -> int:
     with open(path, encoding="utf-8") as f:
         doc = f.read()
     start, end = doc.index(TABLE_BEGIN), doc.index(TABLE_END) + len(TABLE_END)
+    table = markdown_table()
     with open(path, "w", encoding="utf-8") as f:
-        f.write(doc[:start] + markdown_table() + doc[end:])
+        f.write(doc[:start] + table + doc[end:])
     return 0
 
 

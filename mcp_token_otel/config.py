@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import SplitResult, unquote, urlsplit
 
 import yaml
 
@@ -64,6 +65,64 @@ class RiskConfig:
     max_overhead_ratio: float = field(default=DEFAULT_MAX_OVERHEAD_RATIO, metadata=_RATIO)
 
 
+#: URL schemes ``budget.store`` accepts besides ``memory``.
+STORE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with its password (``redis://user:secret@host``, or a ``password=`` query parameter) shown as
+    ``<hidden>``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min((i for i in (rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if at and colon and password:
+        rest = f"{user}:<hidden>@{host}{rest[end:]}"
+    return scheme + "://" + _QUERY_PASSWORD.sub(r"\1<hidden>", rest)
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def url_password(url: str) -> str:
+    """The password ``url`` carries (its user part or a ``password=`` query parameter), or ''."""
+    try:
+        split = urlsplit(url)
+        password = split.password or ""
+    except ValueError:
+        return ""
+    query = _QUERY_PASSWORD.search("?" + split.query) if split.query else None
+    return password or (unquote(query.group(0).partition("=")[2]) if query else "")
+
+
+def check_store_url(value: str) -> None:
+    """Raise ValueError naming ``budget.store`` unless ``value`` is ``memory`` or a Redis URL it can use."""
+    if value == "memory":
+        return
+    shown = mask_url_password(value)
+    expect = "expected 'memory' or a redis://, rediss:// or unix:// URL"
+    try:
+        url: SplitResult = urlsplit(value)
+        port = url.port
+    except ValueError as exc:
+        raise ValueError(f"budget.store: {expect}, got {shown!r} ({exc})") from None
+    if url.scheme not in STORE_SCHEMES:
+        raise ValueError(f"budget.store: {expect}, got {shown!r}")
+    if url.scheme == "unix":
+        if not url.path:
+            raise ValueError(f"budget.store: expected a socket path, as in unix:///run/redis.sock, got {shown!r}")
+        return
+    if not url.hostname:
+        raise ValueError(f"budget.store: expected a host, as in redis://127.0.0.1:6379/0, got {shown!r}")
+    if port == 0:
+        raise ValueError(f"budget.store: expected a port from 1 to 65535, got {shown!r}")
+    database = url.path.strip("/")
+    if database and not database.isdigit():
+        raise ValueError(f"budget.store: expected a database number after the host (/0), got {shown!r}")
+
+
 @dataclass(frozen=True)
 class BudgetConfig:
     context_window: int = field(default=DEFAULT_CONTEXT_WINDOW, metadata=_POSITIVE_INT)
@@ -71,16 +130,34 @@ class BudgetConfig:
     exhaustion_ratio: float = field(default=DEFAULT_EXHAUSTION_RATIO, metadata=_RATIO)
     max_sessions: int = field(default=10_000, metadata=_POSITIVE_INT)
     #: Seconds without traffic after which a budget ends (its utilization observed once); the only end of a
-    #: budget keyed by anything but a connection. ``budget.idle_timeout_seconds`` is accepted as another name.
+    #: budget keyed by anything but a connection.
     idle_timeout: float = field(default=1800.0, metadata=_POSITIVE)
     #: What a message's budget is keyed by: the first source present (core/budget_key.py, docs/instrumentation.md).
     key: list[str] = field(default_factory=lambda: list(DEFAULT_BUDGET_KEY))
     #: Client side: add the context's gen_ai.conversation.id baggage entry to outgoing requests that carry no
     #: baggage (the SDK sends baggage itself on JSON-RPC transports; this covers the rest). Off: nothing changes.
     propagate: bool = False
+    #: Where budgets are counted: ``memory`` (this process) or a Redis URL (``redis://``, ``rediss://`` for TLS,
+    #: ``unix://``) that every replica of a server or proxy shares (mcp_token_otel/store, the ``redis`` extra).
+    store: str = "memory"
+    #: Prefix of every Redis key, so that two deployments can share one Redis.
+    store_prefix: str = field(default="mcp-token-otel:", metadata=_check("a non-empty string", bool))
+    #: Seconds one store operation may take; past it the message is counted locally (never blocked longer).
+    store_timeout: float = field(default=0.05, metadata=_check("a number of seconds above 0, at most 10",
+                                                                lambda v: 0 < v <= 10))
+    #: The Redis password when the URL carries none (kept out of the URL, the environment's listing and output).
+    store_password: str = ""
+    #: A PEM bundle of the certificate authorities a ``rediss://`` server's certificate is checked against.
+    store_tls_ca_file: str = ""
+    #: The secret budget keys are hashed with (HMAC-SHA256) before they are stored; the same on every replica.
+    #: Empty: a hash derived from ``store_prefix``, which hides keys from a casual reader but not from a guess.
+    store_key_secret: str = ""
 
     def __post_init__(self) -> None:
         validate_budget(self.context_window, self.warning_ratio, self.exhaustion_ratio)
+        check_store_url(self.store)
+        if self.store_tls_ca_file and not self.store.startswith("rediss://"):
+            raise ValueError("budget.store_tls_ca_file: expected only with a rediss:// budget.store")
         if isinstance(self.key, str):  # one source, or a comma-separated list, as a string
             object.__setattr__(self, "key", _build_list(self.key, "budget.key"))
         elif isinstance(self.key, tuple):
@@ -126,6 +203,12 @@ class MetricsConfig:
     #: Seconds within which the same tool called with the same arguments in one session (or conversation)
     #: counts its output tokens as ``repeated`` waste; 0 turns the check off (no argument digest at all).
     repeat_window: float = field(default=60.0, metadata=_check("a number of seconds >= 0", lambda v: v >= 0))
+    #: Seconds within which a retry of an ``input_required`` answer continues the same logical call (the
+    #: user's answer time; the SDK's sealed state lives 600 s).
+    logical_call_window: float = field(default=600.0, metadata=_POSITIVE)
+    #: Seconds a task's result is awaited to be attributed to the call that created it (at most; a task's own
+    #: ``ttlMs`` ends it sooner).
+    task_window: float = field(default=3600.0, metadata=_POSITIVE)
 
 
 @dataclass(frozen=True)
@@ -224,13 +307,10 @@ class Config:
 # Loading
 
 
-#: Other names accepted for a key (file and environment alike): alias path -> the key's path.
-KEY_ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("budget", "idle_timeout_seconds"): ("budget", "idle_timeout"),
-}
-
 #: Keys whose values never appear in messages or in `mcp-token-otel config` output.
-SECRET_KEYS = frozenset({"prometheus.basic_auth_password"})
+SECRET_KEYS = frozenset({"prometheus.basic_auth_password", "budget.store_password", "budget.store_key_secret"})
+#: Keys holding a URL whose password is masked in messages and output.
+URL_KEYS = frozenset({"budget.store"})
 
 
 #: Longest shown value in a message: a 100 KB value must not become a 100 KB error line.
@@ -240,6 +320,8 @@ _SHOWN_CHARS = 80
 def _shown(path: str, value: Any) -> str:
     if path in SECRET_KEYS:
         return "<hidden>"
+    if path in URL_KEYS and isinstance(value, str):
+        value = mask_url_password(value)
     try:
         text = repr(value)
     except RecursionError:  # a value nested thousands deep
@@ -313,7 +395,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
-    for key, value in _dealiased(data, path).items():
+    for key, value in data.items():
         if key not in fields:
             raise _unknown_key(path, str(key), list(fields))
         key_path = f"{path}.{key}" if path else key
@@ -337,22 +419,6 @@ def _build(cls: type, data: Any, path: str) -> Any:
         raise
     except ValueError as exc:  # cross-field checks name their keys already
         raise ConfigError(f"config key {exc}") from None
-
-
-def _dealiased(data: Mapping[Any, Any], path: str) -> Mapping[Any, Any]:
-    """``data`` with every alias of this section renamed to its key; both given is an error naming both."""
-    parts = tuple(path.split(".")) if path else ()
-    aliases = {alias[-1]: key[-1] for alias, key in KEY_ALIASES.items() if alias[:-1] == parts and alias[-1] in data}
-    if not aliases:
-        return data
-    out = dict(data)
-    for alias, key in aliases.items():
-        if key in out:
-            where = f"{path}." if path else ""
-            raise ConfigError(f"config key '{where}{alias}': another name for '{where}{key}', which is set too; "
-                              "give one")
-        out[key] = out.pop(alias)
-    return out
 
 
 def _build_dict(hint: Any, data: Any, path: str) -> dict[str, Any]:
@@ -396,7 +462,6 @@ def env_keys(cls: type = Config, path: tuple[str, ...] = ()) -> dict[str, tuple[
 
 
 def _leaf_type(path: tuple[str, ...]) -> Any:
-    path = KEY_ALIASES.get(path, path)
     cls: Any = Config
     for part in path:
         cls = typing.get_type_hints(cls)[part]
@@ -433,7 +498,6 @@ def _yaml_error(path: Any, exc: yaml.YAMLError) -> ConfigError:
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     known = env_keys()
-    known.update((ENV_PREFIX + "_".join(alias).upper(), alias) for alias in KEY_ALIASES)
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name in _ENV_NOT_KEYS:
             continue
@@ -503,6 +567,9 @@ def config_as_dict(config: Config, *, hide_secrets: bool = False) -> dict[str, A
             section, leaf = key.split(".")
             if data[section][leaf]:
                 data[section][leaf] = "<hidden>"
+        for key in URL_KEYS:
+            section, leaf = key.split(".")
+            data[section][leaf] = mask_url_password(data[section][leaf])
     return data
 
 

@@ -41,12 +41,12 @@ def _has_module(name: str) -> bool:
 
 
 def detect_adapter() -> str | None:
-    """The adapter module for the installed mcp SDK, or None when mcp is missing."""
-    if _has_module("mcp.shared.dispatcher"):
-        return "mcp_token_otel.adapters.mcp_v2"
-    if _has_module("mcp.shared.session"):
-        return "mcp_token_otel.adapters.mcp_v1"
-    return None
+    """The adapter module for the installed mcp SDK, or None when mcp is missing. By feature detection (a
+    module only one SDK major has); whether the release is in the adapter's range is :func:`_load_adapter`'s
+    question."""
+    from .adapters.supported import ADAPTERS
+
+    return next((adapter.module for adapter in ADAPTERS if _has_module(adapter.marker)), None)
 
 
 class McpTokenInstrumentor(BaseInstrumentor):
@@ -66,7 +66,11 @@ class McpTokenInstrumentor(BaseInstrumentor):
     _prometheus: Any = None  # the PrometheusService, once prometheus.enabled or metrics_app() asked for it
 
     def instrumentation_dependencies(self) -> Collection[str]:
-        return ("mcp >= 1.20",)
+        """The supported range of the adapter the installed release's major gets (``mcp >= 2.0, < 3`` or
+        ``mcp >= 1.20, < 2``). BaseInstrumentor requires every string returned, so only the one that applies is."""
+        from .adapters.supported import installed_version, requirement_for
+
+        return (requirement_for(installed_version()),)
 
     @property
     def recorder(self) -> TokenRecorder | None:
@@ -179,15 +183,21 @@ class McpTokenInstrumentor(BaseInstrumentor):
 
 
 def _load_adapter() -> Any:
-    """The adapter module for the installed SDK, or None (logged) when there is none or it cannot load."""
+    """The adapter module for the installed SDK, or None with one warning line (the release and the supported
+    ranges, no traceback) when there is none, it is outside its adapter's range, it lacks an attribute the
+    adapter hooks, or the adapter cannot load."""
+    from .adapters.supported import cannot_load, installed_version, unsupported
+
     name = detect_adapter()
-    if name is None:
-        logger.warning("mcp_token_otel: no supported mcp SDK found; nothing instrumented")
+    version = installed_version()
+    problem = unsupported(name, version)
+    if problem is not None or name is None:
+        logger.warning("mcp_token_otel: %s; nothing instrumented", problem)
         return None
     try:
         return importlib.import_module(name)
-    except Exception:  # an SDK whose internals moved: measure nothing rather than break the application
-        logger.warning("mcp_token_otel: adapter %s cannot load; nothing instrumented", name, exc_info=True)
+    except Exception as exc:  # an SDK whose internals moved: measure nothing rather than break the application
+        logger.warning("mcp_token_otel: %s; nothing instrumented", cannot_load(version, exc))
         return None
 
 

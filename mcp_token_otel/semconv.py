@@ -141,7 +141,7 @@ def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]
 
 def span_name(method: str, params: Any) -> str:
     """``{mcp.method.name} {target}``: the tool or prompt name is the target (semconv)."""
-    if method in ("tools/call", "prompts/get") and isinstance(params, Mapping):
+    if method in ("tools/call", "prompts/get") and isinstance(params, (dict, Mapping)):
         target = params.get("name")
         if isinstance(target, str):
             return f"{method} {target}"
@@ -159,14 +159,14 @@ def call_attributes(
 ) -> dict[str, Any]:
     """The semantic-convention attributes of one MCP message (no estimates)."""
     attrs: dict[str, Any] = {A_METHOD: method}
-    name = params.get("name") if isinstance(params, Mapping) else None
+    name = params.get("name") if isinstance(params, (dict, Mapping)) else None
     if method == "tools/call":
         attrs[A_OPERATION] = "execute_tool"
         if isinstance(name, str):
             attrs[A_TOOL] = name
     elif method == "prompts/get" and isinstance(name, str):
         attrs[A_PROMPT] = name
-    elif method.startswith("resources/") and isinstance(params, Mapping):
+    elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
         uri = params.get("uri")  # conditionally required on resources/read, subscribe, unsubscribe
         if isinstance(uri, str):
             attrs[A_RESOURCE_URI] = uri

@@ -35,16 +35,6 @@ class RaisingExporter(SpanExporter):
         raise RuntimeError("exporter fault")
 
 
-class BrokenSink:
-    """A MetricsSink whose every method raises."""
-
-    def __getattr__(self, name: str) -> Any:
-        def fail(*args: Any) -> None:
-            raise RuntimeError(f"sink fault in {name}")
-
-        return fail
-
-
 class BrokenInstrument:
     def record(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError("meter fault")
@@ -80,68 +70,116 @@ def break_budgets(recorder: Any) -> None:
         recorder.sessions[side] = BrokenRegistry()
 
 
-def break_prometheus(sink: Any) -> int:
-    """Make every prometheus-client family of a PrometheusMetrics sink raise when used; the count broken."""
-    from prometheus_client.metrics import MetricWrapperBase
-
-    from mcp_token_otel.emitters.aggregate import CountFamily, HistFamily
-
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("prometheus-client fault")
-
-    broken = 0
-    families = [*vars(sink).values(), *getattr(sink, "hists", {}).values(), *getattr(sink, "counts", {}).values()]
-    for value in {id(v): v for v in families}.values():  # each family once, however it is reached
-        if isinstance(value, (HistFamily, CountFamily)):  # the pre-aggregated families
-            for method in ("observe", "add", "touch"):
-                if hasattr(value, method):
-                    setattr(value, method, fail)
-            broken += 1
-        if isinstance(value, MetricWrapperBase):
-            value.labels = fail  # type: ignore[method-assign]
-            for method in ("inc", "set", "observe", "dec"):
-                if hasattr(value, method):
-                    setattr(value, method, fail)
-            broken += 1
-    return broken
+#: The aggregate's recording methods: everything the call path writes metrics through.
+AGGREGATE_WRITES = ("add", "add_message", "add_duration", "observe", "set", "replace", "touch")
 
 
-class SlowSink:
-    """A MetricsSink that takes a few milliseconds for everything (a sink on a slow lock or disk)."""
+def break_aggregate(recorder: Any, methods: Sequence[str] = AGGREGATE_WRITES) -> None:
+    """Make these recording methods of ``recorder.aggregate`` (the one store every emitter reads) raise; by
+    default all of them."""
 
-    def __init__(self, seconds: float = 0.003) -> None:
-        self.seconds = seconds
+    def broken(name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"metrics fault in aggregate.{name}")
+
+        return fail
+
+    for name in methods:
+        setattr(recorder.aggregate, name, broken(name))
+
+
+class RaisingListener:
+    """A ``recorder.listeners`` observer of finished calls that raises; counts its calls."""
+
+    def __init__(self) -> None:
         self.calls = 0
 
-    def __getattr__(self, name: str) -> Any:
-        def slow(*args: Any) -> None:
+    def __call__(self, call: Any, measurement: Any) -> None:
+        self.calls += 1
+        raise RuntimeError("listener fault")
+
+
+class SlowAggregate:
+    """Slow every recording method of ``recorder.aggregate`` down by a few milliseconds (storage on a contended
+    lock or a slow disk); the real method still runs. ``calls``: how many recordings were slowed."""
+
+    def __init__(self, recorder: Any, seconds: float = 0.003) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        aggregate = recorder.aggregate
+        for name in AGGREGATE_WRITES:
+            setattr(aggregate, name, self._slowed(getattr(aggregate, name)))
+
+    def _slowed(self, method: Any) -> Any:
+        def slow(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
             time.sleep(self.seconds)
+            return method(*args, **kwargs)
 
         return slow
 
 
-class BlockingSink:
-    """A MetricsSink whose first ``record_message`` blocks until ``release`` is set (at most ``limit`` s).
+def shared_files_mode(monkeypatch: Any, directory: Any) -> None:
+    """prometheus-client's multiprocess files as the recorder's storage, as ``PROMETHEUS_MULTIPROC_DIR`` set
+    at start selects (prometheus-client picks its value class at import: set here too). Before the recorder
+    is built."""
+    from prometheus_client import values
 
-    ``blocked_the_call`` tells whether it had to give up waiting: true when the MCP call could not finish
-    while the sink was stuck, i.e. the sink ran on the call's own path.
-    """
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
 
-    def __init__(self, limit: float = 5.0) -> None:
+
+def break_prometheus(monkeypatch: Any) -> None:
+    """Make every write of prometheus-client's values raise (the multiprocess files of
+    :func:`shared_files_mode`, which the call path writes); after the recorder is built."""
+    from prometheus_client import values
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("prometheus-client fault")
+
+    for method in ("inc", "set", "set_exemplar"):
+        monkeypatch.setattr(values.ValueClass, method, fail)
+
+
+class BlockingMeterProvider(MeterProvider):
+    """A real MeterProvider whose histograms' first ``record`` blocks until ``release`` is set (at most ``limit``
+    s), then records. ``blocked_the_call`` tells whether it had to give up waiting: true when the MCP call could
+    not finish while the point was stuck, i.e. the point was recorded on the call's own path."""
+
+    def __init__(self, limit: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.release = threading.Event()
-        self.limit = limit
         self.entered = threading.Event()
+        self.limit = limit
         self.blocked_the_call = False
 
-    def record_message(self, *args: Any) -> None:
-        if self.entered.is_set():
-            return
-        self.entered.set()
-        self.blocked_the_call = not self.release.wait(self.limit)
+    def get_meter(self, *args: Any, **kwargs: Any) -> Any:
+        return _BlockingMeter(super().get_meter(*args, **kwargs), self)
+
+
+class _BlockingMeter:
+    def __init__(self, meter: Any, provider: BlockingMeterProvider) -> None:
+        self._meter = meter
+        self._provider = provider
+
+    def create_histogram(self, *args: Any, **kwargs: Any) -> Any:
+        return _BlockingHistogram(self._meter.create_histogram(*args, **kwargs), self._provider)
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args: None
+        return getattr(self._meter, name)
+
+
+class _BlockingHistogram:
+    def __init__(self, histogram: Any, provider: BlockingMeterProvider) -> None:
+        self._histogram = histogram
+        self._provider = provider
+
+    def record(self, *args: Any, **kwargs: Any) -> None:
+        provider = self._provider
+        if not provider.entered.is_set():
+            provider.entered.set()
+            provider.blocked_the_call = not provider.release.wait(provider.limit)
+        self._histogram.record(*args, **kwargs)
 
 
 def otel_pipeline_with_failing_exporters(monkeypatch: Any) -> tuple[Any, Any, RaisingExporter, Any]:

@@ -171,3 +171,39 @@ def assert_client_call_recorded_once(otel: Otel, tool: str, client_span: Readabl
 def mcp_version() -> tuple[int, ...]:
     """The installed ``mcp`` release as ints, e.g. (2, 3, 0), for expectations that follow the SDK's release."""
     return tuple(int(part) for part in importlib.metadata.version("mcp").split(".")[:3] if part.isdigit())
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+class Scrape:
+    """One /metrics scrape of a recorder (its aggregate through the Prometheus collector, as served), parsed:
+    sample name -> [(labels, value)]."""
+
+    def __init__(self, body: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.text = body
+        self.samples: Samples = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                self.samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+
+    def pick(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        """The samples of ``name`` whose labels include ``labels``."""
+        return [(lab, v) for lab, v in self.samples.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` whose labels include ``labels`` (0 when there are none)."""
+        return sum(v for _, v in self.pick(name, **labels))
+
+    def has(self, name: str, **labels: str) -> bool:
+        return bool(self.pick(name, **labels))
+
+
+def scrape(recorder: Any) -> Scrape:
+    """What /metrics serves for ``recorder`` right now (the Prometheus text format)."""
+    from mcp_token_otel.emitters.prometheus_service import start_prometheus
+
+    service = start_prometheus(recorder, recorder.config.prometheus, serve=False)
+    return Scrape(service.exposition().decode())

@@ -35,6 +35,7 @@ RUNBOOK_URL = "docs/runbook.md"
 HISTOGRAMS: dict[str, set[str]] = {
     "mcp_token_message_tokens": {"side", "server", "method", "tool", "direction"},
     "mcp_token_operation_duration_seconds": {"side", "server", "method", "tool"},
+    "mcp_token_logical_call_duration_seconds": {"side", "server", "method", "tool"},
     "mcp_token_session_utilization_ratio": {"side", "server"},
     "mcp_token_session_duration_seconds": {"side", "server"},
 }
@@ -66,7 +67,7 @@ SCRAPE_LABELS = {"job", "instance"}
 #: Closed label value sets (a typo in a matcher would silently match nothing).
 LABEL_VALUES: dict[str, set[str]] = {
     "side": {"client", "server", "proxy"},
-    "direction": {"input", "output"},
+    "direction": {"input", "output", "input_required", "input_response", "task"},
     "risk_tier": {"low", "medium", "high", "critical"},
     "state": {"ok", "warning", "exhausted"},
     "scope": {"tool", "service"},

@@ -7,7 +7,6 @@ InMemoryMetricReader, and the proxy's families on a served /metrics and on OpenT
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,19 +17,35 @@ from pathlib import Path
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.catalog import FAMILIES, Emitter, otel_families, prometheus_families
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.core.measure import measure_result
-from mcp_token_otel.emitters.metrics_server import MetricsServer
-from mcp_token_otel.emitters.otel_metrics import OtelMetricsSink
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.sink import CallInfo, MetricsSink
+from mcp_token_otel.emitters.prometheus_service import start_prometheus
 from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import A_PROTOCOL, A_TRANSPORT
 
+from .calls import exchange
+
+ROOT = Path(__file__).resolve().parent.parent
 BIG = {"content": [{"type": "text", "text": "word " * 12000}]}
+#: A tool whose result its definition bounds (a static maximum), and one whose result nothing bounds.
+SEARCH = {
+    "name": "search",
+    "description": "Search the index.",
+    "inputSchema": {"type": "object", "properties": {"limit": {"type": "integer", "maximum": 20}},
+                    "required": ["limit"]},
+    "outputSchema": {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "string"}}}}}},
+}
+DUMP = {"name": "dump", "description": "Dump everything.", "inputSchema": {"type": "object"}}
+#: Every family gets a point: small budgets (transitions, evictions), a response cap (guard actions), a price
+#: (cost), a repeat window (wasted tokens).
+EVERYTHING = {"budget": {"context_window": 20_000, "max_sessions": 2},
+              "guard": {"mode": "enforce", "max_response_tokens": 5000, "model": "gpt-5.4-mini"},
+              "metrics": {"repeat_window": 60}}
+CONVENTION = {A_TRANSPORT: "pipe", A_PROTOCOL: "2025-06-18"}
 
 
 def names_in(text: str) -> set[str]:
@@ -43,25 +58,26 @@ def expected(emitter: Emitter = "recorder", *, multiprocess: bool = False) -> se
     return {f.name for f in prometheus_families(emitter) if not (multiprocess and f.capped_only)}
 
 
-def record_everything(sink: MetricsSink) -> None:
-    """One call of every sink method, on both sides, so that every family has a point to show."""
-    big = measure_result("tools/call", BIG)
-    call, session = CallInfo("-32603", 0.2, "pipe", "2025-06-18"), CallInfo(None, 3.0, "pipe", "2025-06-18")
+def everything_recorder(meter_provider: MeterProvider | None = None) -> TokenRecorder:
+    return TokenRecorder(config_from_dict(EVERYTHING), TracerProvider(), meter_provider, server_name="srv")
+
+
+def record_everything(rec: TokenRecorder) -> None:
+    """Real exchanges on both sides through the recorder's call path, so that every family has a point to show
+    (a recorder made by everything_recorder)."""
     for side in ("client", "server"):
-        sink.record_message(side, "tools/call", "dump", "input", big, "srv")
-        sink.record_message(side, "tools/call", "dump", "output", big, "srv")
-        sink.record_call(side, "tools/call", "dump", "srv", call)
-        sink.record_transition(side, "warning", "srv")
-        sink.record_session_end(side, 0.7, "srv", session)
-        sink.record_session_evicted(side, "srv")
-        sink.record_unbudgeted(side, "srv", big.total_tokens)
-        sink.record_guard_action(side, "srv", "max_tokens", "truncated", True, "dump")
-        sink.record_cost(side, "srv", "dump", 0.25)
-        sink.record_prompt_cache_invalidation(side, "srv", 120)
-        sink.record_wasted(side, "srv", "dump", "repeated", big.total_tokens)
-    sink.record_error("estimate", "srv")
-    sink.record_tool_definitions("srv", 120, {"dump": 70, "ping": 50})
-    sink.record_tool_profiles("srv", {"description": 40, "schema": 60, "names": 20}, {"ping": 90})
+        for tools in ([SEARCH, DUMP], [DUMP, SEARCH]):  # definitions; the order changed: a prompt-cache change
+            exchange(rec, side, "tools/list", {}, "s1", result={"tools": tools}, attributes=CONVENTION)
+        for _ in range(2):  # the same call again: wasted (repeated); cut by the response cap: a guard action
+            exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"all": True}}, "s1", result=BIG,
+                     attributes=CONVENTION)
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, "s1",
+                 error={"code": -32603, "message": "boom"}, attributes=CONVENTION)
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, None, result=BIG)  # unbudgeted
+        rec.end_session(side, "s1")  # utilization and durations
+        for session in ("s2", "s3", "s4"):  # past budget.max_sessions: s2 is evicted
+            exchange(rec, side, "tools/list", {}, session, result={"tools": [DUMP, SEARCH]}, attributes=CONVENTION)
+    rec.flush()
 
 
 def test_catalog_entries_are_consistent() -> None:
@@ -84,107 +100,103 @@ def test_catalog_entries_are_consistent() -> None:
 
 
 def test_a_real_run_exposes_exactly_the_catalog_families() -> None:
-    reader = InMemoryMetricReader()
-    config = config_from_dict({"budget": {"context_window": 20_000}, "guard": {"model": "gpt-5.4-mini"}})
-    recorder = TokenRecorder(config, TracerProvider(), MeterProvider(metric_readers=[reader]))
-    sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink, inline=True)
-    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": "dump"}]})
-    recorder.record_input(None, "server", "tools/call", {"name": "dump", "arguments": {}}, "s1")
-    recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id="s1", duration_s=0.3)
-    recorder.record_output(None, "client", "tools/call", "dump", error={"code": -32602, "message": "bad"})
-    recorder.end_session("server", "s1")
+    recorder = everything_recorder()
     try:
-        served = generate_latest(sink.registry).decode()
+        record_everything(recorder)
+        service = start_prometheus(recorder, recorder.config.prometheus, serve=False)
+        assert service.collector is not None
+        served = generate_latest(service.registry).decode()
         assert names_in(served) == expected()
-        assert sink.exposition().decode() == served  # the fast renderer: the same families, the same bytes
+        # The fast renderer /metrics serves: the same families, the same bytes.
+        assert service.collector.exposition(service.registry).decode() == served
+        assert service.exposition().decode() == served
+        every = {s.name for family in text_string_to_metric_families(served) for s in family.samples}
+        assert {f.sample_name for f in prometheus_families("recorder") if f.kind != "histogram"} <= every
     finally:
         recorder.close()
 
 
 MULTIPROCESS_WORKER = textwrap.dedent(
     """
-    import sys
     from prometheus_client import generate_latest
-    from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics, multiprocess_registry
-    sys.path.insert(0, sys.argv[1])
-    from test_catalog import record_everything
-    sink = PrometheusMetrics(states=lambda: {("server", "srv"): {"ok": 1, "warning": 0, "exhausted": 0}})
-    record_everything(sink)
+    from mcp_token_otel.emitters.prometheus_multiprocess import multiprocess_registry
+    from tests.test_catalog import everything_recorder, record_everything
+    recorder = everything_recorder()
+    record_everything(recorder)
+    recorder.close()  # writes the families read from the recorder's state
     print(generate_latest(multiprocess_registry()).decode())
     """
 )
 
 
 def test_multiprocess_output_has_exactly_the_catalog_families(tmp_path: Path) -> None:
-    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", MULTIPROCESS_WORKER, str(Path(__file__).parent)], env=env,
-                         check=True, capture_output=True, timeout=120)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([sys.executable, "-c", MULTIPROCESS_WORKER], env=env, cwd=ROOT, check=True,
+                         capture_output=True, timeout=120)
     assert names_in(out.stdout.decode()) == expected(multiprocess=True)
 
 
 def test_opentelemetry_instruments_are_exactly_the_catalog_ones() -> None:
     reader = InMemoryMetricReader()
-    states = {("server", "srv"): {"ok": 1, "warning": 0, "exhausted": 0}}
-    sink = OtelMetricsSink(MeterProvider(metric_readers=[reader]), states=lambda: states,
-                           rate_budgets={"tool": 100.0}, server="srv")
-    record_everything(sink)
-    data = reader.get_metrics_data()
+    recorder = everything_recorder(MeterProvider(metric_readers=[reader]))
+    try:
+        record_everything(recorder)
+        data = reader.get_metrics_data()
+    finally:
+        recorder.close()
     assert data is not None
     found = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert found == {f.otel_name for f in otel_families("recorder")}
-
 
 
 def test_the_proxy_side_rides_on_the_conventions_client_durations() -> None:
     """The conventions' instruments name only client and server: the proxy's requests, recorded in the client
     ones, carry mcp_token.side="proxy" (a Collector sets `side` from it); a client's points do not."""
     reader = InMemoryMetricReader()
-    sink = OtelMetricsSink(MeterProvider(metric_readers=[reader]), server="srv")
-    for side in ("proxy", "client"):
-        sink.record_call(side, "tools/call", "t", "srv", CallInfo(None, 0.02, "pipe", "2025-11-25"))
-        sink.record_session_end(side, 0.1, "srv", CallInfo(None, 5.0, "pipe", "2025-11-25"))
-    data = reader.get_metrics_data()
+    recorder = TokenRecorder(config_from_dict({}), TracerProvider(), MeterProvider(metric_readers=[reader]),
+                             server_name="srv")
+    try:
+        for side in ("proxy", "client"):
+            exchange(recorder, side, "tools/call", {"name": "t", "arguments": {}}, "s",
+                     result={"content": []}, attributes={A_TRANSPORT: "pipe", A_PROTOCOL: "2025-11-25"})
+            recorder.end_session(side, "s")
+        data = reader.get_metrics_data()
+    finally:
+        recorder.close()
     assert data is not None
     sides = {m.name: sorted(str(p.attributes.get("mcp_token.side")) for p in m.data.data_points)
              for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert sides["mcp.client.operation.duration"] == ["None", "proxy"]
     assert sides["mcp.client.session.duration"] == ["None", "proxy"]
-
-PROXY_OTEL = textwrap.dedent(
-    """
-    import json
-    from opentelemetry import metrics
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from mcp_token_otel.proxy.jsonrpc import ProxyStats
-    from mcp_token_otel.proxy.telemetry import _otel_counters
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    stats = ProxyStats("srv")
-    _otel_counters(stats)
-    data = reader.get_metrics_data()
-    print(json.dumps(sorted({m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics})))
-    """
-)
+    assert "mcp.server.operation.duration" not in sides
 
 
 def test_the_proxy_families_are_exactly_the_catalog_ones_on_metrics_and_opentelemetry() -> None:
-    from mcp_token_otel.proxy.jsonrpc import ProxyStats
-    from mcp_token_otel.proxy.telemetry import _StatsCollector
+    """The proxy's telemetry serves its own families beside the recorder's, on /metrics and OpenTelemetry."""
+    from opentelemetry import metrics
 
-    registry = CollectorRegistry()
-    registry.register(_StatsCollector(ProxyStats("srv")))
-    server = MetricsServer.start("127.0.0.1", 0, registry)
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as response:
-            body = response.read().decode()
-    finally:
-        server.close()
-    assert names_in(body) == expected("proxy")
-    # The proxy's OpenTelemetry counters need the global meter provider: set in a fresh interpreter.
-    out = subprocess.run([sys.executable, "-c", PROXY_OTEL], check=True, capture_output=True, timeout=120)
-    assert set(json.loads(out.stdout)) == {f.otel_name for f in otel_families("proxy")}
+    from mcp_token_otel.proxy.telemetry import Telemetry
+
+    from .support import fresh_otel_globals
+
+    reader = InMemoryMetricReader()
+    with fresh_otel_globals():  # the proxy's recorder takes the global meter provider
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        telemetry = Telemetry(config_from_dict({}), "srv", metrics_host="127.0.0.1", metrics_port=0)
+        try:
+            port = telemetry.metrics_port
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                body = response.read().decode()
+            data = reader.get_metrics_data()
+        finally:
+            telemetry.close()
+    assert names_in(body) == expected("recorder") | expected("proxy")
+    assert data is not None
+    found = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    proxy = {f.otel_name for f in otel_families("proxy")}
+    assert found & {f.otel_name for f in FAMILIES if f.emitter == "proxy"} == proxy and proxy
+    assert found <= {f.otel_name for f in FAMILIES}
 
 
 def test_the_docs_metrics_table_is_the_catalog() -> None:

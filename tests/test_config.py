@@ -201,15 +201,6 @@ def test_budget_key_propagate_and_idle_timeout() -> None:
     assert config_from_dict(config_as_dict(config)) == config
 
 
-def test_idle_timeout_seconds_is_another_name_for_idle_timeout() -> None:
-    assert config_from_dict({"budget": {"idle_timeout_seconds": 60}}).budget.idle_timeout == 60.0
-    assert load_config(env={"MCP_TOKEN_OTEL_BUDGET_IDLE_TIMEOUT_SECONDS": "45"}).budget.idle_timeout == 45.0
-    with pytest.raises(ConfigError, match=r"'budget\.idle_timeout_seconds': another name for 'budget\.idle_timeout'"):
-        config_from_dict({"budget": {"idle_timeout_seconds": 60, "idle_timeout": 30}})
-    with pytest.raises(ConfigError, match=r"'budget\.idle_timeout': expected a positive number"):
-        load_config(env={"MCP_TOKEN_OTEL_BUDGET_IDLE_TIMEOUT_SECONDS": "0"})
-
-
 @pytest.mark.parametrize(
     ("key", "message"),
     [(["session", "bogus"], "budget.key[1]: unknown key source 'bogus'"),

@@ -1,4 +1,5 @@
-"""Deferred metric recording: off the call path, bounded, faults counted, complete at every collection."""
+"""Deferred OpenTelemetry histogram points (``metrics.defer_otel``): off the call path, bounded, faults counted,
+complete at every collection."""
 
 from __future__ import annotations
 
@@ -10,104 +11,101 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
+from mcp_token_otel.catalog import BY_NAME, BY_OTEL_NAME, Family
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.emitters.deferred import DeferredSink
-from mcp_token_otel.emitters.sink import BaseSink, CallInfo
+from mcp_token_otel.emitters.deferred import DeferredPoints
+from mcp_token_otel.emitters.otel_metrics import NO_SPAN
 from mcp_token_otel.recorder import TokenRecorder
+from mcp_token_otel.semconv import MCP_SERVER_OPERATION_DURATION
+
+from .calls import exchange
+
+TOKENS = BY_NAME["mcp_token_message_tokens"]
+UTILIZATION = BY_NAME["mcp_token_session_utilization_ratio"]
+DURATION = BY_OTEL_NAME[MCP_SERVER_OPERATION_DURATION]
 
 
-class Recording(BaseSink):
-    """A sink that records calls and the trace id current during each."""
+class Recording:
+    """Stands in for the OpenTelemetry points (OtelPoints' interface): records each point replayed into it, with
+    the trace id its exemplar would see (the context given, else the current one)."""
 
     def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], int]] = []
+        self.points: list[tuple[str, float, dict[str, Any], int]] = []
         self.fail = fail
 
-    def _note(self, name: str, *args: Any) -> None:
+    def attributes(self, family: Family, labels: tuple[Any, ...]) -> dict[str, Any]:
+        return {"labels": labels}
+
+    def record_attributes(self, family: Family, value: float, attributes: dict[str, Any], context: Any) -> None:
         if self.fail:
-            raise RuntimeError("sink down")
-        self.calls.append((name, args, trace.get_current_span().get_span_context().trace_id))
-
-    def record_message(self, *args: Any) -> None:
-        self._note("record_message", *args)
-
-    def record_transition(self, *args: Any) -> None:
-        self._note("record_transition", *args)
-
-    def record_session_end(self, *args: Any) -> None:
-        self._note("record_session_end", *args)
-
-    def record_error(self, *args: Any) -> None:
-        self._note("record_error", *args)
+            raise RuntimeError("meter down")
+        span = trace.get_current_span(context)
+        self.points.append((family.key, value, attributes, span.get_span_context().trace_id))
 
 
-def test_calls_are_queued_then_replayed_in_order_only_breaches_with_their_trace_context() -> None:
-    from mcp_token_otel.core.measure import measure_result
-
+def test_points_are_queued_then_replayed_in_order_only_breaches_with_their_trace_context() -> None:
     inner = Recording()
-    sink = DeferredSink(inner, interval=3600, slice_size=2)  # the thread will not run during the test
-    small = measure_result("tools/call", {"content": [{"type": "text", "text": "ok"}]})
-    large = measure_result("tools/call", {"content": [{"type": "text", "text": "word " * 20_000}]})
-    assert small.risk_tier == "low" and large.risk_tier == "critical"
+    points = DeferredPoints(inner, interval=3600, slice_size=2)  # type: ignore[arg-type]  # no thread run here
     try:
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("call") as span:
-            sink.record_transition("server", "warning", "")
-            sink.record_message("server", "tools/call", "t", "output", small, "")
-            sink.record_message("server", "tools/call", "t", "output", large, "")
-            sink.record_session_end("server", 0.5, "", CallInfo())
+            points.record(DURATION, ("server", "srv"), 0.2, NO_SPAN)
+            points.record(TOKENS, ("server", "srv", "tools/call", "t", "output"), 3, NO_SPAN)
+            points.record(TOKENS, ("server", "srv", "tools/call", "t", "output"), 20_000)  # a breach: its context
+            points.record(UTILIZATION, ("server", "srv"), 0.5, NO_SPAN)
             trace_id = span.get_span_context().trace_id
-        sink.record_error("estimate", "")
-        assert inner.calls == []  # nothing ran inline
-        sink.flush()  # in slices of two: everything still replays, in order
-        assert [c[0] for c in inner.calls] == [
-            "record_transition",
-            "record_message",
-            "record_message",
-            "record_session_end",
-            "record_error",
+        points.record(TOKENS, ("client", "srv", "tools/call", "t", "output"), 7, NO_SPAN)
+        assert inner.points == []  # nothing ran inline
+        points.flush()  # in slices of two: everything still replays, in order
+        assert [(name, value) for name, value, _, _ in inner.points] == [
+            (MCP_SERVER_OPERATION_DURATION, 0.2),
+            ("mcp_token_message_tokens", 3),
+            ("mcp_token_message_tokens", 20_000),
+            ("mcp_token_session_utilization_ratio", 0.5),
+            ("mcp_token_message_tokens", 7),
         ]
-        # Exemplars only where they help: the breach's message keeps the trace, the rest replay without.
-        assert [c[2] for c in inner.calls] == [0, 0, trace_id, 0, 0]
+        assert inner.points[-1][2] == {"labels": ("client", "srv", "tools/call", "t", "output")}
+        # Exemplars only where they help: the breach keeps the trace, the rest replay without one.
+        assert [p[3] for p in inner.points] == [0, 0, trace_id, 0, 0]
     finally:
-        sink.close()
+        points.stop()
 
 
 def test_queue_is_bounded_and_drops_are_counted() -> None:
     inner = Recording()
-    sink = DeferredSink(inner, interval=3600, max_pending=3)
+    points = DeferredPoints(inner, interval=3600, max_pending=3)  # type: ignore[arg-type]
     try:
         for _ in range(5):
-            sink.record_transition("client", "exhausted", "")
-        assert sink.dropped == 2
-        sink.flush()
-        assert len(inner.calls) == 3
+            points.record(UTILIZATION, ("client", "srv"), 1.0, NO_SPAN)
+        assert points.dropped == 2
+        points.flush()
+        assert len(inner.points) == 3
     finally:
-        sink.close()
+        points.stop()
 
 
-def test_a_failing_sink_is_reported_and_never_raises() -> None:
+def test_a_failing_replay_is_reported_and_never_raises() -> None:
     errors: list[str] = []
-    sink = DeferredSink(Recording(fail=True), interval=3600, on_error=errors.append)
-    sink.record_transition("server", "warning", "")
-    sink.record_session_end("server", 0.5, "", CallInfo())
-    sink.close()  # flushes
-    sink.close()  # idempotent
+    points = DeferredPoints(Recording(fail=True), interval=3600, on_error=errors.append)  # type: ignore[arg-type]
+    points.record(UTILIZATION, ("server", "srv"), 0.5, NO_SPAN)
+    points.record(TOKENS, ("server", "srv", "tools/call", "t", "output"), 3, NO_SPAN)
+    points.stop()  # replays what is left
+    points.stop()  # idempotent
     assert errors == ["metrics", "metrics"]
 
 
 def test_the_background_thread_drains_without_help() -> None:
     inner = Recording()
-    sink = DeferredSink(inner, interval=0.01)
+    points = DeferredPoints(inner, interval=0.01)  # type: ignore[arg-type]
     try:
-        sink.record_transition("server", "warning", "")
+        points.record(UTILIZATION, ("server", "srv"), 0.5, NO_SPAN)
         for _ in range(500):  # bounded: up to 5 s
-            if inner.calls:
+            if inner.points:
                 break
-            sink._stop.wait(0.01)
-        assert inner.calls and inner.calls[0][0] == "record_transition"
+            points._stop.wait(0.01)
+        assert inner.points and inner.points[0][0] == "mcp_token_session_utilization_ratio"
     finally:
-        sink.close()
+        points.stop()
 
 
 @pytest.mark.parametrize("defer", [True, False])
@@ -117,16 +115,17 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars(defer: b
     reader = InMemoryMetricReader()
     config = config_from_dict({"estimator": "chars/4", "metrics": {"defer_otel": defer}})
     recorder = TokenRecorder(config, TracerProvider(), MeterProvider(metric_readers=[reader]))
+    assert (recorder.metrics.deferred is not None) == defer
     try:
         tracer = TracerProvider().get_tracer("t")
         with tracer.start_as_current_span("tools/call big") as span:
-            recorder.record_output(span, "server", "tools/call", "big",
-                                   result={"content": [{"type": "text", "text": "x" * 40_000}]}, session_id="s")
+            exchange(recorder, "server", "tools/call", {"name": "big"}, "s", span=span,
+                     result={"content": [{"type": "text", "text": "x" * 40_000}]})
             trace_id = span.get_span_context().trace_id
         with tracer.start_as_current_span("tools/call small") as span:
-            recorder.record_output(span, "server", "tools/call", "small", started=0.0,
-                                   result={"content": [{"type": "text", "text": "ok"}]}, session_id="s")
-        # No explicit flush: collecting runs the drain callback before reading the histograms.
+            exchange(recorder, "server", "tools/call", {"name": "small"}, "s", span=span,
+                     result={"content": [{"type": "text", "text": "ok"}]})
+        # No explicit flush: collecting reads the drop count (which replays the queue first) before the histograms.
         data = reader.get_metrics_data()
         assert data is not None
         points: dict[str, Any] = {m.name: m.data.data_points for rm in data.resource_metrics
@@ -144,24 +143,24 @@ def test_real_sdk_collection_includes_queued_points_and_their_exemplars(defer: b
 
 
 def test_time_bounded_slices_replay_everything_in_order() -> None:
-    # A zero-length slice replays one call per slice, with a pause between slices: the flush still ends, with
-    # every call replayed once and in order.
+    # A zero-length slice replays one point per slice, with a pause between slices: the flush still ends, with
+    # every point replayed once and in order.
     inner = Recording()
-    sink = DeferredSink(inner, interval=3600, slice_seconds=0.0, pause=0.0001)
+    points = DeferredPoints(inner, interval=3600, slice_seconds=0.0, pause=0.0001)  # type: ignore[arg-type]
     try:
         for i in range(50):
-            sink.record_error(f"stage{i}", "")
-        sink.flush()
-        assert [c[1][0] for c in inner.calls] == [f"stage{i}" for i in range(50)]
+            points.record(UTILIZATION, ("server", "srv"), float(i), NO_SPAN)
+        points.flush()
+        assert [p[1] for p in inner.points] == [float(i) for i in range(50)]
     finally:
-        sink.close()
+        points.stop()
 
 
 def test_a_flush_ends_while_producers_keep_adding() -> None:
     import threading
 
     inner = Recording()
-    sink = DeferredSink(inner, interval=3600, slice_seconds=0.0, pause=0.0001)
+    points = DeferredPoints(inner, interval=3600, slice_seconds=0.0, pause=0.0001)  # type: ignore[arg-type]
     stop = threading.Event()
     produced = [0]
 
@@ -169,22 +168,22 @@ def test_a_flush_ends_while_producers_keep_adding() -> None:
         for i in range(20_000):  # bounded even if the flush hung
             if stop.is_set():
                 return
-            sink.record_error(f"p{i}", "")
+            points.record(TOKENS, ("server", "srv", "tools/call", "p", "output"), float(i), NO_SPAN)
             produced[0] += 1
 
     for i in range(100):
-        sink.record_error(f"q{i}", "")
+        points.record(UTILIZATION, ("server", "srv"), float(i), NO_SPAN)
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
     try:
-        sink.flush()  # replays what was queued when it began (at least the 100), then returns
-        replayed = [c[1][0] for c in inner.calls]
-        assert replayed[:100] == [f"q{i}" for i in range(100)]
+        points.flush()  # replays what was queued when it began (at least the 100), then returns
+        replayed = [(p[0], p[1]) for p in inner.points]
+        assert replayed[:100] == [("mcp_token_session_utilization_ratio", float(i)) for i in range(100)]
     finally:
         stop.set()
         producer.join(timeout=10)
-        sink.close()
-    # close() replayed the rest: every call was replayed exactly once, in order, or counted as dropped.
-    produced_numbers = [int(c[1][0][1:]) for c in inner.calls if c[1][0].startswith("p")]
-    assert produced_numbers == sorted(set(produced_numbers))
-    assert len(produced_numbers) + sink.dropped == produced[0]
+        points.stop()
+    # stop() replayed the rest: every point was replayed exactly once, in order, or counted as dropped.
+    produced_values = [p[1] for p in inner.points if p[0] == "mcp_token_message_tokens"]
+    assert produced_values == sorted(set(produced_values))
+    assert len(produced_values) + points.dropped == produced[0]

@@ -212,7 +212,7 @@ def test_datasources_point_at_the_compose_services_and_link_exemplars_to_traces(
     # Grafana's rate interval follows the scrape interval.
     assert prom["jsonData"]["timeInterval"] == load(PROMETHEUS_COMPOSE)["global"]["scrape_interval"]
     [link] = prom["jsonData"]["exemplarTraceIdDestinations"]
-    assert link["name"] == "trace_id", "the label prometheus_metrics attaches to exemplars"
+    assert link["name"] == "trace_id", "the label the recorder attaches to exemplars (recorder/call.py)"
     tempo = by_uid[link["datasourceUid"]]
     assert tempo["type"] == "tempo"
     host, port = host_port(tempo["url"])

@@ -134,8 +134,12 @@ def test_profile_mcp_server_git_markdown() -> None:
     text = out.stdout
     assert text.startswith("### MCP token profile: mcp-git ")
     assert "| `git_status` |" in text and "|---|---:|" in text
-    # No git tool declares an outputSchema: every one is unknown (rated high), recommendations follow.
-    assert "Aggregate risk: **high**" in text and "- **high**: Tool 'git_log'" in text
+    # No git tool declares an outputSchema: every one is unknown (rated high), and the same advice for all of them
+    # is one line that names them.
+    assert "Aggregate risk: **high**" in text
+    [advice] = [line for line in text.splitlines() if line.startswith("- **high**: ")]
+    assert advice.startswith("- **high**: Tools 'git_status', ") and "'git_log'" in advice
+    assert "no result fields declared (no outputSchema)" in advice
     assert "| high | unknown | unknown |" in text and "unknown: no outputSchema" in text
 
 

@@ -33,7 +33,7 @@ from mcp_token_otel.core.guard import (
     strip_invisible,
     with_depth,
 )
-from mcp_token_otel.core.guard.truncate import close_json_prefix, prefix_value
+from mcp_token_otel.core.guard.json_prefix import close_json_prefix, prefix_value
 from mcp_token_otel.core.measure import Policy, measure_result
 from tests.conftest import chars4
 

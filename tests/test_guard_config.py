@@ -131,3 +131,74 @@ def test_settings_built_in_code_are_checked_too() -> None:
         GuardSettings(max_response_tokens=True)  # a bool is not a count
     with pytest.raises(ValueError, match=r"guard.tools.<tool>.mode: expected one of"):
         ToolGuard(mode="x")
+
+
+def test_spill_is_off_by_default_and_set_from_file_or_environment() -> None:
+    guard = load_config(env={}).guard
+    assert (guard.spill, guard.spill_ttl, guard.spill_max_bytes, guard.spill_page_tokens) == (False, 300.0, 64 << 20, 0)
+    assert guard.spills is False and resolve_tool(guard, "t").spill is False
+    config = load_config(env={"MCP_TOKEN_OTEL_GUARD_MODE": "enforce",
+                              "MCP_TOKEN_OTEL_GUARD_MAX_RESPONSE_TOKENS": "5000", "MCP_TOKEN_OTEL_GUARD_SPILL": "1",
+                              "MCP_TOKEN_OTEL_GUARD_SPILL_TTL": "90",
+                              "MCP_TOKEN_OTEL_GUARD_SPILL_MAX_BYTES": "1e6",
+                              "MCP_TOKEN_OTEL_GUARD_SPILL_PAGE_TOKENS": "2000"})
+    guard = config.guard
+    assert (guard.spill, guard.spill_ttl, guard.spill_max_bytes, guard.spill_page_tokens) == (True, 90.0, 10**6, 2000)
+    assert guard.spills and resolve_tool(guard, "read_file").spill is True
+    # Pages never exceed the cap of the tool that was cut; 0 means the cap itself.
+    assert (guard.spill_page_size(5000), guard.spill_page_size(1500)) == (2000, 1500)
+    assert GuardSettings(mode="enforce", max_response_tokens=800, spill=True).spill_page_size(800) == 800
+    assert config_from_dict(config_as_dict(config)) == config
+
+
+def test_spill_per_tool_opt_out_and_opt_in() -> None:
+    guard = config_from_dict({"guard": {"mode": "enforce", "max_response_tokens": 5000, "spill": True,
+                                        "tools": {"read_secret": {"spill": False}}}}).guard
+    assert resolve_tool(guard, "read_secret").spill is False and resolve_tool(guard, "read_file").spill is True
+    # Only one tool enforces a cap, and only it spills: the section's spill: true is satisfied by it.
+    guard = config_from_dict({"guard": {"mode": "observe", "spill": True,
+                                        "tools": {"read_*": {"mode": "enforce", "max_response_tokens": 4000}}}}).guard
+    assert guard.spills and resolve_tool(guard, "read_file").spill and resolve_tool(guard, "read_file").enforce
+    # A tool opting in on its own while the section stays off.
+    guard = config_from_dict({"guard": {"mode": "enforce", "max_response_tokens": 5000,
+                                        "tools": {"read_*": {"spill": True}}}}).guard
+    assert guard.spills and resolve_tool(guard, "read_file").spill and not resolve_tool(guard, "search").spill
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [({"guard": {"spill": True}}, "config key guard.spill: expected guard.mode: enforce and a response cap "
+                                  "(guard.max_response_tokens above 0), in the section or in one of guard.tools, got "
+                                  "mode 'off' and cap 0"),
+     ({"guard": {"spill": True, "mode": "enforce"}}, "guard.spill: expected guard.mode: enforce and a response cap"),
+     ({"guard": {"spill": True, "mode": "observe", "max_response_tokens": 5000}},
+      "got mode 'observe' and cap 5000"),
+     # The one tool that could spill has opted out.
+     ({"guard": {"spill": True, "mode": "observe", "tools": {"read_*": {"mode": "enforce", "max_response_tokens": 9,
+                                                                          "spill": False}}}},
+      "config key guard.spill: expected guard.mode: enforce"),
+     ({"guard": {"mode": "enforce", "tools": {"read_*": {"spill": True}}}},
+      "config key guard.tools.read_*.spill: expected the tool's mode to be enforce and its response cap above 0, got "
+      "mode 'enforce' and cap 0"),
+     ({"guard": {"spill": "yes please"}}, "config key 'guard.spill': expected true or false"),
+     ({"guard": {"spill_ttl": 0}}, "config key 'guard.spill_ttl': expected a positive number of seconds, got 0.0"),
+     ({"guard": {"spill_ttl": "soon"}}, "config key 'guard.spill_ttl': expected a number"),
+     ({"guard": {"spill_max_bytes": 0}}, "config key 'guard.spill_max_bytes': expected a positive integer"),
+     ({"guard": {"spill_page_tokens": -5}},
+      "config key 'guard.spill_page_tokens': expected a non-negative integer (0: the response cap of the tool that "
+      "was cut), got -5"),
+     ({"guard": {"tools": {"a": {"spill": 3}}}}, "config key 'guard.tools.a.spill': expected true or false")],
+)
+def test_bad_spill_config_names_the_key(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert message in str(info.value)
+
+
+def test_spill_settings_built_in_code_are_checked_too() -> None:
+    with pytest.raises(ValueError, match=r"guard.spill: expected guard.mode: enforce"):
+        GuardSettings(spill=True)
+    with pytest.raises(ValueError, match=r"guard.spill_ttl: expected a positive number of seconds"):
+        GuardSettings(spill_ttl=-1)
+    with pytest.raises(ValueError, match=r"guard.tools.x.spill: expected the tool's mode to be enforce"):
+        GuardSettings(max_response_tokens=10, tools={"x": ToolGuard(spill=True)})

@@ -19,6 +19,7 @@ from mcp_token_otel.core.measure import Policy, measure_result
 from mcp_token_otel.recorder import TokenRecorder
 from tests.conftest import chars4
 
+from .calls import exchange
 from .support import make_config
 
 C4 = Policy(estimator=chars4, estimator_name="chars/4")
@@ -141,10 +142,7 @@ def test_notices_through_the_recorder() -> None:
     try:
         def call(method: str, params: Any, result: Any, tool: str | None = None) -> Any:
             span = rec.start_span(method, SpanKind.SERVER)
-            refusal = rec.guard_request(span, "server", method, params, "s1")
-            rec.record_input(span, "server", method, params, "s1")
-            _, delivered = rec.record_guarded_output(span, "server", method, tool, refusal or result, "s1",
-                                                     arguments=(params or {}).get("arguments"))
+            delivered, _ = exchange(rec, "server", method, params, "s1", result=result, span=span, guard=True)
             rec.end_span(span)
             return delivered
 
@@ -164,8 +162,9 @@ def test_notices_through_the_recorder() -> None:
                              r"session before it runs out\.\]", note)
         assert found is not None, note
         assert int(found[1].replace(",", "")) == budget.tokens and int(found[2]) == round(100 * budget.utilization)
-        assert found[4] is None or int(found[4]) == 2  # tool calls, never the session's messages (8 by now)
-        assert budget.calls == 8 and budget.state == "exhausted"
+        assert found[4] is None or int(found[4]) == 2  # tool calls, never the session's exchanges (4 by now)
+        # Redesign: a request and its answer go to the budget together, once per exchange: 4 records, not 8.
+        assert budget.calls == 4 and budget.state == "exhausted"
         refused = call("tools/call", params, text_result("never"), "read_text_file")
         assert refused["isError"] is True
         text = refused["content"][0]["text"]
@@ -175,3 +174,20 @@ def test_notices_through_the_recorder() -> None:
     finally:
         rec.close()
         meters.shutdown()
+
+
+def test_a_cut_counts_the_data_tokens_of_a_result_that_repeats_its_text() -> None:
+    """The filesystem server's {"content": text} copy of a whole-file read is overhead: the cap's notice says how
+    much of the data (the text, once) it shows, not of the doubled message."""
+    config = make_config(guard={"mode": "enforce", "max_response_tokens": 500})
+    rec = TokenRecorder(config, TracerProvider(), MeterProvider())
+    text = "line of a large file\n" * 2000
+    result = {"content": [{"type": "text", "text": text}], "structuredContent": {"content": text}}
+    try:
+        delivered, _ = exchange(rec, "server", "tools/call", {"name": "read_text_file", "arguments": {}}, "s1",
+                                result=result, guard=True)
+    finally:
+        rec.close()
+    data = measure_result("tools/call", {"content": [{"type": "text", "text": text}]}, policy=rec.policy).data_tokens
+    notice = delivered["content"][-1]["text"]
+    assert f"of {data:,}." in notice and "Showing tokens 1-" in notice

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_token_otel.core.estimation import estimate_tokens
-from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text, truncate
+from mcp_token_otel.core.guard import GuardEngine, GuardSettings, cap_result, cut_text, json_prefix
+from mcp_token_otel.core.guard import cap as cap_module
 from mcp_token_otel.core.measure import DEFAULT_POLICY, measure_result
 
 # Hundreds of examples per property: the full run has them, the fast tier has the example-based tests.
@@ -204,7 +205,7 @@ def test_wide_and_deep_structured_content_without_schema_is_cut_to_the_cap(
 def test_close_json_prefix_is_valid_json_wherever_the_text_is_cut(value: Any, indent: bool, data: Any) -> None:
     text = json.dumps(value, indent=2 if indent else None, ensure_ascii=False)
     end = data.draw(st.integers(0, len(text)))
-    closed = truncate.close_json_prefix(text, end)
+    closed = json_prefix.close_json_prefix(text, end)
     if end > 0:  # a JSON object or array can always be closed once its first bracket is in
         assert closed is not None
     if closed is not None:
@@ -218,12 +219,12 @@ def test_json_text_cut_without_parsing_is_valid_and_within_the_cap(
     blocks: list[dict[str, Any]], cap: int
 ) -> None:
     # The path for JSON text too large (or deep) to parse, forced here by a zero parse threshold.
-    saved = truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR
-    truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = 0, 0
+    saved = cap_module._PARSE_ALWAYS_CHARS, cap_module._PARSE_BUDGET_FACTOR
+    cap_module._PARSE_ALWAYS_CHARS, cap_module._PARSE_BUDGET_FACTOR = 0, 0
     try:
         new, report = cap_result({"content": blocks}, cap, policy=DEFAULT_POLICY, tool="t")
     finally:
-        truncate._PARSE_ALWAYS_CHARS, truncate._PARSE_BUDGET_FACTOR = saved
+        cap_module._PARSE_ALWAYS_CHARS, cap_module._PARSE_BUDGET_FACTOR = saved
     if new is None:
         return
     assert report.over_cap_tokens == 0 and not report.json_as_text

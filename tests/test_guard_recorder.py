@@ -1,6 +1,6 @@
-"""The recorder's guard API (GUARD.md): guard_request, record_guarded_output, record_output with the guards on,
-the guard and cost metric families (Prometheus and OpenTelemetry), span events, and faults that let the call
-through."""
+"""The recorder's guards on its call path (GUARD.md): ``call.guard()`` before the request, ``call.result()`` with
+the guards on, ``call.refused()``, the guard and cost metric families (/metrics and OpenTelemetry), span events,
+and faults that let the call through."""
 
 from __future__ import annotations
 
@@ -21,15 +21,16 @@ from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.core.guard import META_TOKENS_KEY, notices
-from mcp_token_otel.core.measure import Policy, measure_result
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.core.measure import Policy, measure_request, measure_result
+from mcp_token_otel.emitters.prometheus_service import start_prometheus
 from mcp_token_otel.recorder import TokenRecorder
 
-from .support import make_config
+from .calls import exchange
+from .support import make_config, scrape
 
 
 class Harness:
-    """A recorder with an in-memory span exporter, an OTel metric reader and a Prometheus sink."""
+    """A recorder with an in-memory span exporter and an OTel metric reader; its /metrics read by scrape()."""
 
     def __init__(self, **config: Any) -> None:
         self.exporter = InMemorySpanExporter()
@@ -38,8 +39,6 @@ class Harness:
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
         self.rec = TokenRecorder(make_config(**config), tracer_provider, self.meter_provider)
-        self.prom = PrometheusMetrics(states=self.rec.states)
-        self.rec.add_sink(self.prom, inline=True)
 
     def span(self, name: str = "tools/call t") -> Any:
         return self.rec.start_span(name, SpanKind.SERVER)
@@ -48,7 +47,22 @@ class Harness:
         return list(self.exporter.get_finished_spans())
 
     def value(self, name: str, **labels: str) -> float | None:
-        return self.prom.registry.get_sample_value(name, labels)
+        """The sample of ``name`` with exactly ``labels`` on /metrics, None when there is none."""
+        found = [v for lab, v in scrape(self.rec).pick(name, **labels) if lab == labels]
+        return found[0] if found else None
+
+    def guard(self, side: str, method: str, params: Any, key: str, server: str | None = None,
+              span: Any = None) -> dict[str, Any] | None:
+        """The request-side guards alone (the request is neither measured nor answered here)."""
+        call = self.rec.begin(side, method, params, key, server=server)  # type: ignore[arg-type]
+        call.span = span
+        refusal = call.guard()
+        call.close()
+        return refusal
+
+    def inputs(self, method: str, params: Any) -> int:
+        """A request's tokens: they go to the budget with the answer's (one exchange, one budget record)."""
+        return measure_request(method, params, self.rec.policy).total_tokens
 
     def otel(self, name: str) -> list[Any]:
         self.rec.flush()
@@ -94,15 +108,15 @@ def test_off_by_default_returns_the_result_itself(harness_factory: Any) -> None:
     h = harness_factory()
     assert h.rec.guard_active is False and not h.rec.guards("server")
     result = text_result("hello " * 50)
+    params = {"name": "t"}
     span = h.span()
-    assert h.rec.guard_request(span, "server", "tools/call", {"name": "t"}, "s1") is None
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    delivered, m = exchange(h.rec, "server", "tools/call", params, "s1", result=result, span=span, guard=True)
     h.rec.end_span(span)
     assert delivered is result and m is not None
     (s,) = h.spans()
     assert "mcp_token.cost_usd" not in s.attributes
     assert not [e for e in s.events if e.name == "mcp_token.guard"]
-    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+    assert h.rec.sessions["server"].get("s1").tokens == h.inputs("tools/call", params) + m.total_tokens
 
 
 def test_cost_without_guard_uses_the_measurement(harness_factory: Any) -> None:
@@ -110,10 +124,10 @@ def test_cost_without_guard_uses_the_measurement(harness_factory: Any) -> None:
     assert h.rec.guard_active is False
     span = h.span()
     result = text_result("x" * 4000)
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    delivered, m = exchange(h.rec, "server", "tools/call", {"name": "t"}, "s1", result=result, span=span)
     h.rec.end_span(span)
     assert delivered is result and m is not None
-    expected = m.total_tokens * 2.0 / 1_000_000
+    expected = m.total_tokens * 2.0 / 1_000_000  # the result's tokens: what entered the context
     (s,) = h.spans()
     assert s.attributes["mcp_token.cost_usd"] == pytest.approx(expected)
     assert h.value("mcp_token_cost_usd_total", side="server", server="_unknown", tool="t") == pytest.approx(expected)
@@ -128,22 +142,31 @@ def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
     assert h.rec.guard_active and h.rec.guards("server")
     span = h.span()
     params = {"name": "t", "arguments": {}}
-    assert h.rec.guard_request(span, "server", "tools/call", params, "s1") is None  # the session's one call
-    h.rec.record_input(span, "server", "tools/call", params, "s1")
-    h.rec.record_guarded_output(span, "server", "tools/call", "t", text_result(prose(4000)), "s1")
+    # The session's one call: guarded, let through, answered.
+    delivered, _ = exchange(h.rec, "server", "tools/call", params, "s1", result=text_result(prose(4000)), span=span,
+                            guard=True)
     h.rec.end_span(span)
+    assert delivered["content"][0]["text"] == prose(4000)
     budget = h.rec.sessions["server"].get("s1")
     assert budget.state == "exhausted"
     tokens, calls = budget.tokens, 1  # tools/call requests, not messages
 
     span = h.span()
-    refusal = h.rec.guard_request(span, "server", "tools/call", params, "s1")
-    assert refusal is not None and refusal["isError"] is True
+    call = h.rec.begin("server", "tools/call", params, "s1")
+    call.span = span
+    refusal = call.guard()
+    assert refusal is not None and refusal["isError"] is True and call.refusal is refusal
     assert refusal["content"][0]["text"] == notices.budget_exhausted("t", tokens, 1000, calls)
-    # The refusal is the call's output: a tool error on the span, never guarded again.
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", refusal, "s1")
+    # The refusal is the call's answer: a tool error on the span, never guarded again.
+    answers: list[Any] = []
+    h.rec.listeners.append(lambda _call, m: answers.append(m))
+    call.open(span)
+    delivered = call.refused()
+    call.close()
     h.rec.end_span(span)
-    assert delivered is refusal and m is not None and m.error_type == "tool_error"
+    assert delivered is refusal
+    (m,) = answers
+    assert m.error_type == "tool_error"
     s = h.spans()[-1]
     assert s.attributes["error.type"] == "tool_error"
     (event,) = [e for e in s.events if e.name == "mcp_token.guard"]
@@ -152,8 +175,11 @@ def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
     assert event.attributes["mcp_token.guard.enforced"] is True
     assert event.attributes["mcp_token.guard.session_tokens"] == tokens
     assert h.value("mcp_token_guard_actions_total", **guard_labels("session_limit", "refused", "true")) == 1
+    # Redesign: OpenTelemetry reads the shared aggregate, so it shows the series /metrics starts at 0 too (here
+    # the padding policy's, on by default).
     points = h.otel("mcp_token.guard.actions")
-    assert [(dict(p.attributes), p.value) for p in points] == [(
+    assert [p.attributes["mcp_token.guard.policy"] for p in points if p.value == 0] == ["padding"]
+    assert [(dict(p.attributes), p.value) for p in points if p.value] == [(
         {"mcp_token.side": "server", "mcp_token.server.name": "_unknown", "mcp_token.guard.policy": "session_limit",
          "mcp_token.guard.action": "refused",
          "mcp_token.guard.enforced": True, "gen_ai.tool.name": "t"}, 1)]
@@ -162,17 +188,20 @@ def test_session_hard_limit_refuses_and_counts(harness_factory: Any) -> None:
 def test_response_cap_delivers_the_cut_and_budgets_what_entered(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "enforce", "max_response_tokens": 100, "model": "gpt-5.5"})
     result = text_result(prose(10_000))
+    params = {"name": "t"}
     span = h.span()
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    delivered, m = exchange(h.rec, "server", "tools/call", params, "s1", result=result, span=span)
     h.rec.end_span(span)
     assert m is not None and delivered is not result
     assert delivered["content"][-1]["text"].startswith("\n\n[mcp-token-otel: response truncated to the limit of 100")
     entered = measure_result("tools/call", delivered, tool_name="t", policy=h.rec.policy).total_tokens
     assert entered < m.total_tokens
-    assert h.rec.sessions["server"].get("s1").tokens == entered
+    # The budget: the request and what entered the context (the cut), together.
+    session = h.inputs("tools/call", params) + entered
+    assert h.rec.sessions["server"].get("s1").tokens == session
     (s,) = h.spans()
     assert s.attributes["mcp_token.output_tokens"] == m.total_tokens  # what the server sent
-    assert s.attributes["mcp_token.session.tokens"] == entered  # what the model reads
+    assert s.attributes["mcp_token.session.tokens"] == session  # what the model reads
     assert s.attributes["mcp_token.cost_usd"] == pytest.approx(entered * 5.0 / 1_000_000)
     (event,) = [e for e in s.events if e.name == "mcp_token.guard"]
     assert event.attributes["mcp_token.guard.cap"] == 100
@@ -184,34 +213,34 @@ def test_response_cap_delivers_the_cut_and_budgets_what_entered(harness_factory:
 def test_observe_counts_without_changing(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "observe", "max_response_tokens": 100, "annotate_meta": True})
     result = text_result(prose(10_000))
+    params = {"name": "t"}
     span = h.span()
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    delivered, m = exchange(h.rec, "server", "tools/call", params, "s1", result=result, span=span)
     h.rec.end_span(span)
     assert delivered is result and m is not None
-    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+    assert h.rec.sessions["server"].get("s1").tokens == h.inputs("tools/call", params) + m.total_tokens
     assert h.value("mcp_token_guard_actions_total", **guard_labels("response_cap", "truncated", "false")) == 1
     assert h.value("mcp_token_guard_actions_total", **guard_labels("annotate_meta", "annotated", "false")) == 1
 
 
-def test_record_output_runs_the_guards_too(harness_factory: Any) -> None:
-    """record_output keeps its signature; with the guards on it counts their actions as well."""
+def test_every_method_s_result_is_guarded(harness_factory: Any) -> None:
+    """Not only tools/call: a resources/read result goes through the result guards too, and the actions count."""
     h = harness_factory(guard={"mode": "enforce", "annotate_meta": True})
     span = h.span("resources/read")
     result = {"contents": [{"uri": "file:///a", "text": "abc " * 100}]}
-    m = h.rec.record_output(span, "server", "resources/read", None, result=result, session_id="s1")
+    delivered, m = exchange(h.rec, "server", "resources/read", {"uri": "file:///a"}, "s1", result=result, span=span)
     h.rec.end_span(span)
     assert m is not None
     assert h.value("mcp_token_guard_actions_total",
                    **guard_labels("annotate_meta", "annotated", "true", tool="")) == 1
-    _, delivered = h.rec.record_guarded_output(None, "server", "resources/read", None, result, "s1")
     assert delivered["_meta"][META_TOKENS_KEY]["tokens"] > 0 and "_meta" not in result
 
 
 def test_errors_are_not_guarded(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "enforce", "annotate_meta": True, "model": "gpt-5.5"})
     span = h.span()
-    m = h.rec.record_output(span, "server", "tools/call", "t", error={"code": -32602, "message": "bad"},
-                            session_id="s1")
+    _, m = exchange(h.rec, "server", "tools/call", {"name": "t"}, "s1", error={"code": -32602, "message": "bad"},
+                    span=span)
     h.rec.end_span(span)
     assert m is not None and m.error_type == "-32602"
     (s,) = h.spans()
@@ -222,8 +251,8 @@ def test_sides_limit_where_guards_run(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "enforce", "annotate_meta": True, "sides": ["server"]})
     assert h.rec.guards("server") and not h.rec.guards("client")
     result = text_result("hi")
-    _, on_client = h.rec.record_guarded_output(None, "client", "tools/call", "t", result, "c1")
-    _, on_server = h.rec.record_guarded_output(None, "server", "tools/call", "t", result, "s1")
+    on_client, _ = exchange(h.rec, "client", "tools/call", {"name": "t"}, "c1", result=result)
+    on_server, _ = exchange(h.rec, "server", "tools/call", {"name": "t"}, "s1", result=result)
     assert on_client is result and on_server is not result
 
 
@@ -232,13 +261,13 @@ def test_rate_limit_counts_each_side_apart(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "enforce", "rate_limit": True, "calls_per_minute": 2})
     params = {"name": "t", "arguments": {}}
     for _ in range(2):
-        assert h.rec.guard_request(None, "client", "tools/call", params, "same") is None
-        assert h.rec.guard_request(None, "server", "tools/call", params, "same") is None
-    refusal = h.rec.guard_request(None, "server", "tools/call", params, "same")
+        assert h.guard("client", "tools/call", params, "same") is None
+        assert h.guard("server", "tools/call", params, "same") is None
+    refusal = h.guard("server", "tools/call", params, "same")
     assert refusal is not None and refusal["content"][0]["text"] == notices.rate_limited("t", 2)
     h.rec.end_session("server", "same")  # forgets the server side's window
-    assert h.rec.guard_request(None, "server", "tools/call", params, "same") is None
-    assert h.rec.guard_request(None, "client", "tools/call", params, "same") is not None
+    assert h.guard("server", "tools/call", params, "same") is None
+    assert h.guard("client", "tools/call", params, "same") is not None
 
 
 def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,12 +279,12 @@ def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: p
     monkeypatch.setattr(h.rec.guard, "on_request", boom)
     monkeypatch.setattr(h.rec.guard, "on_result", boom)
     span = h.span()
-    assert h.rec.guard_request(span, "server", "tools/call", {"name": "t"}, "s1") is None
     result = text_result("hello")
-    m, delivered = h.rec.record_guarded_output(span, "server", "tools/call", "t", result, "s1")
+    params = {"name": "t"}
+    delivered, m = exchange(h.rec, "server", "tools/call", params, "s1", result=result, span=span, guard=True)
     h.rec.end_span(span)
     assert delivered is result and m is not None
-    assert h.rec.sessions["server"].get("s1").tokens == m.total_tokens
+    assert h.rec.sessions["server"].get("s1").tokens == h.inputs("tools/call", params) + m.total_tokens
     assert h.rec.error_counts["guard"] == 2
     assert h.value("mcp_token_instrumentation_errors_total", stage="guard", server="_unknown") == 2
     (s,) = h.spans()
@@ -264,9 +293,9 @@ def test_engine_faults_let_the_call_through(harness_factory: Any, monkeypatch: p
 
 def _populated(h: Harness) -> None:
     """Guard and cost series with a server name, a tool, and one with neither."""
-    h.rec.record_guarded_output(None, "server", "tools/call", "t", text_result(prose(4000)), "s1", server="srv")
-    h.rec.record_guarded_output(None, "client", "resources/read", None,
-                                {"contents": [{"uri": "file:///a", "text": prose(400)}]}, "c1")
+    exchange(h.rec, "server", "tools/call", {"name": "t"}, "s1", result=text_result(prose(4000)), server="srv")
+    exchange(h.rec, "client", "resources/read", {"uri": "file:///a"}, "c1",
+             result={"contents": [{"uri": "file:///a", "text": prose(400)}]})
 
 
 def test_exposition_and_promtool(harness_factory: Any) -> None:
@@ -283,14 +312,16 @@ def test_exposition_and_promtool(harness_factory: Any) -> None:
     assert h.value("mcp_token_guard_actions_total",
                    **guard_labels("annotate_meta", "annotated", "true", tool="", side="client")) == 1
     assert h.value("mcp_token_cost_usd_total", side="client", server="_unknown", tool="") > 0
-    fast = h.prom.exposition()
+    service = start_prometheus(h.rec, h.rec.config.prometheus, serve=False)
+    assert service.collector is not None
+    fast = service.collector.exposition(service.registry)
 
     def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
         return {(s.name, tuple(sorted(s.labels.items())), s.value)
                 for family in text_string_to_metric_families(body.decode()) for s in family.samples
                 if "guard" in s.name or "cost" in s.name}
 
-    assert parsed(fast) == parsed(generate_latest(h.prom.registry)) and len(parsed(fast)) == 5
+    assert parsed(fast) == parsed(generate_latest(service.registry)) and len(parsed(fast)) == 5
     promtool = require_binary("promtool")
     done = subprocess.run([promtool, "check", "metrics"], input=fast, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -298,18 +329,19 @@ def test_exposition_and_promtool(harness_factory: Any) -> None:
 
 WORKER = """
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.recorder import TokenRecorder
 rec = TokenRecorder(config_from_dict({"estimator": "chars/4", "guard": {"mode": "observe", "annotate_meta": True,
                                                                         "model": "gpt-5.5"}}))
-rec.add_sink(PrometheusMetrics(states=rec.states), inline=True)
 for _ in range(3):
-    rec.record_guarded_output(None, "server", "tools/call", "t", {"content": [{"type": "text", "text": "abcd" * 100}]},
-                              "s", server="mp")
+    call = rec.begin("server", "tools/call", {"name": "t"}, "s", server="mp")
+    call.open()
+    call.result({"content": [{"type": "text", "text": "abcd" * 100}]})
+    call.close()
+rec.close()
 """
 READER = """
 from prometheus_client import generate_latest
-from mcp_token_otel.emitters.prometheus_metrics import multiprocess_registry
+from mcp_token_otel.emitters.prometheus_multiprocess import multiprocess_registry
 print(generate_latest(multiprocess_registry()).decode())
 """
 
@@ -338,7 +370,7 @@ def test_refusal_series_start_at_zero(harness_factory: Any) -> None:
     h = harness_factory(guard={"mode": "enforce", "session_hard_limit": True, "rate_limit": True,
                                "tools": {"quiet": {"mode": "observe"}}})
     for tool in ("t", "quiet"):
-        assert h.rec.guard_request(None, "server", "tools/call", {"name": tool}, "s1", server="srv") is None
+        assert h.guard("server", "tools/call", {"name": tool}, "s1", server="srv") is None
     for policy in ("session_limit", "rate_limit"):
         assert h.value("mcp_token_guard_actions_total", **{**guard_labels(policy, "refused", "true"),
                                                            "server": "srv"}) == 0
@@ -348,9 +380,8 @@ def test_refusal_series_start_at_zero(harness_factory: Any) -> None:
     assert h.value("mcp_token_guard_actions_total", **padding) == 0
     assert h.value("mcp_token_guard_actions_total", **{**guard_labels("chain_depth", "refused", "true"),
                                                        "server": "srv"}) is None  # not switched on
-    h.rec.guard_request(None, "server", "tools/list", None, "s1")  # no tool: nothing more
-    rows = [s for f in h.prom.registry.collect() for s in f.samples if s.name == "mcp_token_guard_actions_total"]
-    assert len(rows) == 6
+    h.guard("server", "tools/list", None, "s1")  # no tool: nothing more
+    assert len(scrape(h.rec).pick("mcp_token_guard_actions_total")) == 6
 
 
 def test_guard_sides_config() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mcp_token_otel.core import estimation, payload
+from mcp_token_otel.core import estimation, measurement, payload
 from mcp_token_otel.core import measure as measure_module
 from mcp_token_otel.core.budget import SessionBudget
 from mcp_token_otel.core.estimation import estimate_tokens
@@ -69,6 +69,13 @@ def _results() -> list[Any]:
         {"content": [{"type": "text", "text": TEXT}], "isError": False, "resultType": "complete",
          "structuredContent": {"result": copy}, "_meta": META},
         {"content": [{"type": "text", "text": TEXT}], "structuredContent": {"result": TEXT}, "isError": False},
+        # The serverInfo stamp alone (cached per stamp), one with a nested value (not cacheable), one beside others.
+        {"content": [{"type": "text", "text": "a"}], "isError": True, "resultType": "complete",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s", "version": "1.0"}}},
+        {"content": [{"type": "text", "text": "a"}], "isError": False, "resultType": "complete",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s", "icons": [{"src": "x"}]}}},
+        {"content": [{"type": "text", "text": "a"}], "resultType": "input_required",
+         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "s"}, "k": 1}},
         {"content": [{"type": "text", "text": TEXT}], "structuredContent": {"result": copy}, "isError": True},
         {"content": [{"type": "text", "text": TEXT}], "isError": True},
         {"content": [{"type": "text", "text": TEXT}], "isError": 0},
@@ -153,7 +160,7 @@ def test_random_results_match_the_general_rules(seed: int) -> None:
 
 
 def test_the_common_result_takes_the_fast_path() -> None:
-    b = measure_module._Builder(DEFAULT_POLICY)
+    b = measurement.Builder(DEFAULT_POLICY)
     assert measure_module._single_text(b, _results()[0]) is True
     assert [blk.type for blk in b.blocks] == ["text", "structuredContent"]
 

@@ -57,10 +57,7 @@ def test_import_package_is_light_and_instrument_is_an_attribute() -> None:
     [
         "import mcp_token_otel as m\nassert m.instrument.__module__ == 'mcp_token_otel.instrumentation'",
         "from mcp_token_otel import instrument, uninstrument, metrics_app, instrument_server",
-        "from mcp_token_otel.instrument import instrument, uninstrument, McpTokenInstrumentor",
-        # The old module path, imported first, must not break the package attribute: it stays callable.
-        "import mcp_token_otel.instrument\nimport mcp_token_otel as m\nassert callable(m.instrument)\n"
-        "assert callable(m.uninstrument)",
+        "from mcp_token_otel.instrumentation import instrument, uninstrument, McpTokenInstrumentor",
     ],
 )
 def test_public_entry_points_resolve(code: str) -> None:
@@ -75,10 +72,6 @@ before = ClientSession.__init__
 recorder = mcp_token_otel.instrument()
 assert recorder is not None and ClientSession.__init__ is not before
 assert mcp_token_otel.instrument() is recorder  # idempotent
-mcp_token_otel.uninstrument()
-assert ClientSession.__init__ is before
-import mcp_token_otel.instrument as old   # the old module path, callable as the function
-assert old() is not None
 mcp_token_otel.uninstrument()
 assert ClientSession.__init__ is before
 print("ok")

@@ -215,3 +215,19 @@ def test_a_million_key_structured_content_and_a_three_million_key_message() -> N
     whole = measure_message(huge)
     reference = estimate_tokens(json.dumps(huge, separators=(",", ":")))
     assert abs(whole.total_tokens - reference) / reference < 0.05
+
+
+def test_a_one_member_wrapper_repeating_a_text_block_is_overhead() -> None:
+    """The filesystem server's read_text_file and directory_tree answer {"content": <the same text>}: the copy is
+    overhead, sized as the text plus its wrapper, so the data is the text once (what a cap's notice counts)."""
+    text = "src/\n  main.py\n  util.py\n" * 400
+    wrapped = measure_result("tools/call", {"content": [{"type": "text", "text": text}],
+                                            "structuredContent": {"content": text}})
+    alone = measure_result("tools/call", {"content": [{"type": "text", "text": text}]})
+    copy = next(b for b in wrapped.blocks if b.type == "structuredContent")
+    assert copy.overhead_tokens == copy.tokens > alone.data_tokens  # all overhead: the text and its wrapper
+    assert wrapped.data_tokens == alone.data_tokens
+    # A different value under the one key is data, as before.
+    other = measure_result("tools/call", {"content": [{"type": "text", "text": text}],
+                                          "structuredContent": {"content": "something else"}})
+    assert next(b for b in other.blocks if b.type == "structuredContent").overhead_tokens == 0

@@ -175,6 +175,21 @@ def test_a_limit_maximum_removed_or_raised_is_risky() -> None:
     assert ("SAFE", "limit maximum lowered") in changes(raised, SEARCH)
 
 
+def test_a_removed_limit_input_is_risky_as_well_as_breaking() -> None:
+    removed = edited(lambda t: t["inputSchema"]["properties"].pop("limit"))
+    found = diff_locks(lock_of([SEARCH]), lock_of([removed]))
+    assert [(d.cls, d.change, d.detail) for d in found if d.change in ("input removed", "limit input removed")] == [
+        ("BREAKING", "input removed", "'limit' (integer)"),
+        ("RISKY", "limit input removed", "'limit': the result is no longer bounded by it")]
+    assert ("RISKY", "became unbounded") in changes(SEARCH, removed)  # what it bounded says so too
+    # a limit input that bounded nothing (no maximum) removed: an API break, no context risk
+    unbounding = edited(lambda t: t["inputSchema"]["properties"]["limit"].pop("maximum"))
+    assert {c for c in changes(unbounding, removed) if c[0] != "SAFE"} == {("BREAKING", "input removed")}
+    # any other input removed: BREAKING only
+    assert {c for c in changes(SEARCH, edited(lambda t: t["inputSchema"]["properties"].pop("q"))) if c[0] != "SAFE"} \
+        == {("BREAKING", "input removed")}
+
+
 def test_a_limit_made_optional_without_a_default_is_risky() -> None:
     required = edited(lambda t: (t["inputSchema"]["properties"]["limit"].pop("default"),
                                  t["inputSchema"]["required"].append("limit")))

@@ -99,7 +99,7 @@ def test_uninformative_output_schema_is_not_safer_than_none() -> None:
         p = profile_tool_definition({"name": "t", "inputSchema": {}, "outputSchema": schema})
         assert (p.risk, p.bounded, p.max_tokens, p.limit_source) == (none.risk, none.bounded, none.max_tokens, "none")
         assert (p.risk, p.bounded) == ("high", None), schema  # unknown, rated high
-        assert any("declares no result fields" in r for r in p.recommendations)
+        assert any("no result fields declared" in r for r in p.recommendations)
     assert any("not an object (str)" in r for r in profile_tool_definition(
         {"name": "t", "outputSchema": "object"}).recommendations)
     assert any("declares no properties" in r for r in profile_tool_definition(

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -29,41 +30,55 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.core.measure import measure_result
-from mcp_token_otel.emitters.metrics_server import BasicAuth, MetricsServer, metrics_asgi_app
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics, label_value
+from mcp_token_otel.core.measure import measure_request, measure_result
+from mcp_token_otel.emitters.aggregate import label_value
+from mcp_token_otel.emitters.prometheus_service import PrometheusService, start_prometheus
 from mcp_token_otel.recorder import TokenRecorder
+
+from .calls import exchange
 
 BIG = {"content": [{"type": "text", "text": "word " * 14000}]}  # ~10k tokens estimated: critical
 SMALL = {"content": [{"type": "text", "text": "ok"}], "_meta": {"k": "v"}}
+DUMP = {"name": "dump", "arguments": {"all": True}}
 
 
-def make_recorder(**config: object) -> tuple[TokenRecorder, PrometheusMetrics]:
-    cfg = config_from_dict({"budget": {"context_window": 20_000}, **config})
-    recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(states=recorder.states, tool_output_rate_budget=42, service_output_rate_budget=420)
-    recorder.add_sink(sink, inline=True)
-    return recorder, sink
+def make_recorder(**config: Any) -> TokenRecorder:
+    prometheus = {"host": "127.0.0.1", "port": 0, "tool_output_rate_budget": 42, "service_output_rate_budget": 420,
+                  **config.pop("prometheus", {})}
+    cfg = config_from_dict({"budget": {"context_window": 20_000}, "prometheus": prometheus, **config})
+    return TokenRecorder(cfg, TracerProvider(), MeterProvider())
+
+
+def serve(recorder: TokenRecorder) -> PrometheusService:
+    """/metrics of ``recorder`` on a real server (127.0.0.1, any free port)."""
+    service = start_prometheus(recorder, recorder.config.prometheus)
+    assert service.server is not None
+    return service
 
 
 def drive(recorder: TokenRecorder, session: str = "sess-secret-1234") -> None:
     # The server declares its tools first (as clients list them before calling): their names become labels.
-    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": "dump"}, {"name": "ping"}]})
-    recorder.record_input(None, "server", "tools/call", {"name": "dump", "arguments": {"all": True}}, session)
-    recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)
-    recorder.record_output(None, "server", "tools/call", "dump", result=BIG, session_id=session)  # -> exhausted
-    recorder.record_output(None, "server", "tools/call", "ping", result=SMALL, session_id="other")
-    recorder.record_output(None, "client", "tools/call", "ping", error={"code": -32602, "message": "bad"})
+    exchange(recorder, "server", "tools/list", {}, None, result={"tools": [{"name": "dump"}, {"name": "ping"}]})
+    exchange(recorder, "server", "tools/call", DUMP, session, result=BIG)
+    exchange(recorder, "server", "tools/call", DUMP, session, result=BIG)  # -> exhausted
+    exchange(recorder, "server", "tools/call", {"name": "ping"}, "other", result=SMALL)
+    exchange(recorder, "client", "tools/call", {"name": "ping"}, None, error={"code": -32602, "message": "bad"})
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[TokenRecorder, PrometheusMetrics, MetricsServer]]:
-    recorder, sink = make_recorder()
-    server = MetricsServer.start("127.0.0.1", 0, sink.registry)
+def served() -> Iterator[tuple[TokenRecorder, PrometheusService]]:
+    recorder = make_recorder()
+    service = serve(recorder)
     try:
-        yield recorder, sink, server
+        yield recorder, service
     finally:
-        server.close()
+        service.close()
+        recorder.close()
+
+
+def url_of(service: PrometheusService) -> str:
+    assert service.server is not None
+    return service.server.url
 
 
 def scrape(url: str, accept: str | None = None, auth: tuple[str, str] | None = None,
@@ -92,10 +107,10 @@ def value(found: dict, name: str, **labels: str) -> float:
     return sum(v for lbl, v in found.get(name, []) if all(lbl.get(k) == x for k, x in labels.items()))
 
 
-def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
-    recorder, _, server = served
+def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusService]) -> None:
+    recorder, service = served
     drive(recorder)
-    status, ctype, body = scrape(server.url)
+    status, ctype, body = scrape(url_of(service))
     assert status == 200 and ctype.startswith("text/plain")
     found = samples(body)
     assert value(found, "mcp_token_message_tokens_count", side="server", tool="dump", direction="output") == 2
@@ -125,17 +140,16 @@ def test_families_labels_and_values(served: tuple[TokenRecorder, PrometheusMetri
     assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate") == 0
     # the session ended: its utilization is observed once, and it is no longer live
     recorder.end_session("server", "sess-secret-1234")
-    found = samples(scrape(server.url)[2])
+    found = samples(scrape(url_of(service))[2])
     assert value(found, "mcp_token_session_utilization_ratio_count", side="server") == 1
     assert value(found, "mcp_token_session_utilization_ratio_bucket", side="server", le="0.9") == 0
     assert value(found, "mcp_token_sessions", side="server", state="exhausted") == 0
 
 
-def test_no_session_id_anywhere_in_the_exposition(
-        served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
-    recorder, _, server = served
+def test_no_session_id_anywhere_in_the_exposition(served: tuple[TokenRecorder, PrometheusService]) -> None:
+    recorder, service = served
     drive(recorder)
-    body = scrape(server.url)[2]
+    body = scrape(url_of(service))[2]
     assert "sess-secret-1234" not in body and "other" not in body.replace("_other", "")
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
@@ -143,30 +157,26 @@ def test_no_session_id_anywhere_in_the_exposition(
 
 
 def test_tool_names_overflow_and_are_sanitised() -> None:
-    recorder, sink = make_recorder(metrics={"max_tool_names": 3})
-    for i in range(10):
-        recorder.record_output(None, "server", "tools/call", f"tool{i}", result=SMALL)
-    recorder.record_output(None, "server", "tools/call", "tool0", result=SMALL)
-    tools = {lbl["tool"] for lbl, _ in samples(_body(sink))["mcp_token_message_tokens_count"]}
+    recorder = make_recorder(metrics={"max_tool_names": 3})
+    for i in [*range(10), 0]:
+        exchange(recorder, "server", "tools/call", {"name": f"tool{i}"}, None, result=SMALL)
+    tools = {lbl["tool"] for lbl, _ in samples(_body(recorder))["mcp_token_message_tokens_count"]}
     assert tools == {"tool0", "tool1", "tool2", "_other"}
     assert label_value("bad\ud800name\n" + "x" * 500) == "bad?name_" + "x" * 119
     assert label_value(None) == "" and len(label_value("y" * 1000)) == 128
 
 
 def test_created_series_only_when_asked() -> None:
-    recorder = TokenRecorder(config_from_dict({}), TracerProvider(), MeterProvider())
-    sink = PrometheusMetrics(states=recorder.states, created_series=True)
-    recorder.add_sink(sink, inline=True)
-    recorder.record_output(None, "server", "tools/call", "t", result=SMALL)
-    found = samples(_body(sink))
+    recorder = make_recorder(prometheus={"created_series": True})
+    exchange(recorder, "server", "tools/call", {"name": "t"}, None, result=SMALL)
+    found = samples(_body(recorder))
     assert value(found, "mcp_token_message_tokens_created", tool="t") > 1_700_000_000
     assert value(found, "mcp_token_tokens_created", tool="t") > 1_700_000_000
 
 
-def _body(sink: PrometheusMetrics) -> str:
-    from prometheus_client import generate_latest
-
-    return generate_latest(sink.registry).decode()
+def _body(recorder: TokenRecorder) -> str:
+    """What /metrics serves for ``recorder`` (its configuration's renderer)."""
+    return start_prometheus(recorder, recorder.config.prometheus, serve=False).exposition().decode()
 
 
 @pytest.mark.parametrize("accept", [None, "application/openmetrics-text; version=1.0.0"])
@@ -176,23 +186,26 @@ def test_input_histograms_are_served_only_when_asked(accept: str | None) -> None
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     for enabled in (False, True):
-        cfg = config_from_dict({"metrics": {"input_histograms": enabled, "defer_otel": False}})
+        cfg = config_from_dict({"metrics": {"input_histograms": enabled, "defer_otel": False},
+                                "prometheus": {"host": "127.0.0.1", "port": 0}})
         reader = InMemoryMetricReader()
         recorder = TokenRecorder(cfg, TracerProvider(), MeterProvider(metric_readers=[reader]))
-        sink = PrometheusMetrics(input_histograms=enabled)
-        recorder.add_sink(sink, inline=True)
         drive(recorder)
-        server = MetricsServer.start("127.0.0.1", 0, sink.registry)
+        service = serve(recorder)
         try:
-            body = scrape(server.url, accept=accept)[2]
+            body = scrape(url_of(service), accept=accept)[2]
         finally:
-            server.close()
+            service.close()
+            recorder.close()
         found = samples(body, openmetrics=accept is not None)
         counts = {lbl["direction"] for lbl, _ in found["mcp_token_message_tokens_count"]}
         assert counts == ({"input", "output"} if enabled else {"output"})
-        assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == int(enabled)
-        # the request {"name": "dump", "arguments": {"all": true}}: a handful of tokens, counted either way
-        assert 3 <= value(found, "mcp_token_tokens_total", direction="input", tool="dump") <= 20
+        # drive() sends the request {"name": "dump", "arguments": {"all": true}} twice: a handful of tokens each,
+        # counted either way
+        assert value(found, "mcp_token_message_tokens_count", direction="input", tool="dump") == 2 * enabled
+        request = measure_request("tools/call", DUMP, recorder.policy).total_tokens
+        assert 3 <= request <= 20
+        assert value(found, "mcp_token_tokens_total", direction="input", tool="dump") == 2 * request
         points = {
             dict(point.attributes).get("mcp_token.direction")
             for rm in reader.get_metrics_data().resource_metrics
@@ -204,34 +217,32 @@ def test_input_histograms_are_served_only_when_asked(accept: str | None) -> None
         assert points == ({"input", "output"} if enabled else {"output"})
 
 
-def test_exemplars_carry_the_trace_id_in_openmetrics(
-        served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
-    recorder, _, server = served
+def test_exemplars_carry_the_trace_id_in_openmetrics(served: tuple[TokenRecorder, PrometheusService]) -> None:
+    recorder, service = served
     tracer = TracerProvider().get_tracer("test")
     with tracer.start_as_current_span("tools/call dump") as span:
-        recorder.record_output(span, "server", "tools/call", "dump", result=BIG, session_id="s")
+        exchange(recorder, "server", "tools/call", {"name": "dump"}, "s", result=BIG, span=span)
         trace_id = format(span.get_span_context().trace_id, "032x")
-    status, ctype, body = scrape(server.url, accept="application/openmetrics-text; version=1.0.0")
+    status, ctype, body = scrape(url_of(service), accept="application/openmetrics-text; version=1.0.0")
     assert status == 200 and ctype.startswith("application/openmetrics-text")
     bucket_lines = [line for line in body.splitlines() if line.startswith("mcp_token_message_tokens_bucket")]
     assert any(f'trace_id="{trace_id}"' in line for line in bucket_lines)
-    plain = scrape(server.url)[2]
+    plain = scrape(url_of(service))[2]
     assert "trace_id" not in plain  # the classic text format has no exemplars
 
 
 def test_basic_auth_on_the_server_and_the_asgi_app() -> None:
-    _, sink = make_recorder()
-    auth = BasicAuth("prom", "s3cret")
-    server = MetricsServer.start("127.0.0.1", 0, sink.registry, auth=auth)
+    recorder = make_recorder(prometheus={"basic_auth_username": "prom", "basic_auth_password": "s3cret"})
+    service = serve(recorder)
     try:
-        assert scrape(server.url)[0] == 401
-        assert scrape(server.url, auth=("prom", "wrong"))[0] == 401
-        status, _, body = scrape(server.url, auth=("prom", "s3cret"))
+        assert scrape(url_of(service))[0] == 401
+        assert scrape(url_of(service), auth=("prom", "wrong"))[0] == 401
+        status, _, body = scrape(url_of(service), auth=("prom", "s3cret"))
         assert status == 200 and "mcp_token_output_rate_budget_tokens_per_second" in body
     finally:
-        server.close()
+        service.close()
 
-    app = metrics_asgi_app(sink.registry, auth)
+    app = service.asgi_app()
 
     async def call(headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
         sent: list[dict] = []
@@ -258,8 +269,10 @@ def test_tls(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True, timeout=60)
-    _, sink = make_recorder()
-    server = MetricsServer.start("127.0.0.1", 0, sink.registry, tls_cert_file=str(cert), tls_key_file=str(key))
+    recorder = make_recorder(prometheus={"tls_cert_file": str(cert), "tls_key_file": str(key)})
+    service = serve(recorder)
+    server = service.server
+    assert server is not None
     idle = socket.create_connection((server.host, server.port))  # connects and never sends a ClientHello
     try:
         assert server.url.startswith("https://")
@@ -267,7 +280,7 @@ def test_tls(tmp_path: Path) -> None:
         status, _, body = scrape(server.url, context=context)  # not stuck behind the idle connection
         assert status == 200 and "mcp_token_sessions" in body
     finally:
-        server.close()  # returns although the idle connection is still open
+        service.close()  # returns although the idle connection is still open
         idle.close()
 
 
@@ -280,16 +293,22 @@ def _promtool() -> str:
     return path
 
 
-def test_promtool_check_metrics_is_clean(served: tuple[TokenRecorder, PrometheusMetrics, MetricsServer]) -> None:
+def test_promtool_check_metrics_is_clean(served: tuple[TokenRecorder, PrometheusService]) -> None:
+    from prometheus_client import generate_latest
+
     promtool = _promtool()
-    recorder, _, server = served
+    recorder, service = served
     drive(recorder)
     recorder.end_session("server", "other")
-    body = scrape(server.url)[2]
+    body = scrape(url_of(service))[2]
     result = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+    # The client's own encoder, on the same data.
+    reference = generate_latest(service.registry)
+    result = subprocess.run([promtool, "check", "metrics"], input=reference, capture_output=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
     # The fast renderer the /metrics service serves for plain-text scrapes, on the same data.
-    fast = served[1].exposition()
+    fast = service.exposition()
     result = subprocess.run([promtool, "check", "metrics"], input=fast, capture_output=True, timeout=60)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
 
@@ -298,24 +317,27 @@ WORKER = textwrap.dedent(
     """
     import sys
     from mcp_token_otel.config import config_from_dict
-    from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
     from mcp_token_otel.recorder import TokenRecorder
     recorder = TokenRecorder(config_from_dict({}))
-    recorder.add_sink(PrometheusMetrics(states=recorder.states), inline=True)
+
+    def exchange(method, params, result, seconds):
+        call = recorder.begin("server", method, params, "s", server="mp")
+        call.open(started=0.0)
+        call.result(result, at=seconds)  # the duration: on open's clock
+        call.close()
+
     for _ in range(int(sys.argv[1])):
-        recorder.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x"}]},
-                               session_id="s", duration_s=0.015, server="mp")
-    recorder.record_output(None, "server", "tools/call", "t", result={"content": [], "isError": True},
-                           session_id="s", duration_s=2.5, server="mp")
-    recorder.record_output(None, "server", "tools/list", None, result={"tools": [{"name": "t", "description": "d"}]},
-                           session_id="s", server="mp")
+        exchange("tools/call", {"name": "t"}, {"content": [{"type": "text", "text": "x"}]}, 0.015)
+    exchange("tools/call", {"name": "t"}, {"content": [], "isError": True}, 2.5)
+    exchange("tools/list", {}, {"tools": [{"name": "t", "description": "d"}]}, 0.01)
+    recorder.close()  # what uninstrument() does at a worker's exit: the live sessions' gauges written
     """
 )
 READER = textwrap.dedent(
     """
     import sys
     from prometheus_client import generate_latest, multiprocess
-    from mcp_token_otel.emitters.prometheus_metrics import multiprocess_registry
+    from mcp_token_otel.emitters.prometheus_multiprocess import multiprocess_registry
     for pid in sys.argv[1:]:  # what a server's worker-exit hook does (gunicorn child_exit)
         multiprocess.mark_process_dead(int(pid))
     print(generate_latest(multiprocess_registry()).decode())
@@ -404,32 +426,37 @@ def test_instrument_serves_real_mcp_traffic_and_uninstrument_stops_it() -> None:
 def test_fast_exposition_carries_exactly_what_generate_latest_does() -> None:
     from prometheus_client import generate_latest
 
-    recorder, sink = make_recorder()
+    recorder = make_recorder()
     drive(recorder)
-    recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=SMALL)
-    recorder.record_output(None, "server", "tools/call", "dump", result=SMALL, duration_s=0.25)  # operation_duration
-    recorder.record_output(None, "server", "tools/call", "dump", error={"code": -32603, "message": "x"}, duration_s=2)
+    exchange(recorder, "server", "tools/call", {"name": 'we"ird\\name'}, None, result=SMALL)
+    exchange(recorder, "server", "tools/call", {"name": "dump"}, None, result=SMALL, started=0.0,
+             at=0.25)  # operation_duration
+    exchange(recorder, "server", "tools/call", {"name": "dump"}, None, error={"code": -32603, "message": "x"},
+             started=0.0, at=2.0)
     recorder.end_session("server", "sess-secret-1234")
+    service = start_prometheus(recorder, recorder.config.prometheus, serve=False)
+    assert service.collector is not None
 
     def parsed(body: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
         return {(s.name, tuple(sorted(s.labels.items())), s.value)
                 for family in text_string_to_metric_families(body.decode()) for s in family.samples}
 
-    fast, reference = sink.exposition(), generate_latest(sink.registry)
+    fast, reference = service.collector.exposition(service.registry), generate_latest(service.registry)
     assert parsed(fast) == parsed(reference) and len(parsed(fast)) > 50
     assert b'mcp_token_operation_duration_seconds_bucket{le="2.0",method="tools/call",' in fast
     assert fast == reference  # byte for byte: labels sorted, numbers formatted as generate_latest does
 
     # Again after more traffic (the cached label text and line prefixes are reused), with values past 1e6
     # (Go's exponent form: 1.000002e+06), a counter past 1e6, and a collector of the registry's own.
-    recorder.record_output(None, "server", "tools/call", 'we"ird\\name', result=BIG)
+    exchange(recorder, "server", "tools/call", {"name": 'we"ird\\name'}, None, result=BIG)
     for _ in range(1_000_001):
-        sink.hists["mcp_token_session_duration_seconds"].observe(("server", ""), 0.01)
-    sink.record_cost("server", "", "dump", 2_500_000.5)
+        recorder.aggregate.observe("mcp_token_session_duration_seconds", ("server", ""), 0.01)
+    recorder.aggregate.add("mcp_token_cost_usd", ("server", "", "dump"), 2_500_000.5)
     from prometheus_client import Counter
 
-    Counter("app_requests", "Requests of the application itself.", ["path"], registry=sink.registry).labels("/").inc()
-    fast, reference = sink.exposition(), generate_latest(sink.registry)
+    Counter("app_requests", "Requests of the application itself.", ["path"],
+            registry=service.registry).labels("/").inc()
+    fast, reference = service.collector.exposition(service.registry), generate_latest(service.registry)
     assert fast == reference
     assert re.search(rb'mcp_token_session_duration_seconds_count\{server="",side="server"\} 1\.00000\de\+06\n', fast)
     assert b"} 2.5000005e+06\n" in fast and b'app_requests_total{path="/"} 1.0\n' in fast
@@ -447,7 +474,7 @@ def test_the_server_serves_the_fast_exposition_for_plain_text_and_the_client_enc
         url = f"http://127.0.0.1:{service.server.port}/metrics"
         status, content_type, body = scrape(url)
         assert status == 200 and content_type.startswith("text/plain; version=0.0.4")
-        assert body.encode() == service.metrics.exposition()  # no traffic in between: the same bytes
+        assert body.encode() == service.exposition()  # no traffic in between: the same bytes
         status, content_type, body = scrape(url, accept="application/openmetrics-text; version=1.0.0")
         assert status == 200 and content_type.startswith("application/openmetrics-text") and body.endswith("# EOF\n")
     finally:

@@ -1,5 +1,5 @@
 """Sessions past ``budget.max_sessions`` are evicted least recently used, one at a time, and each eviction is
-counted (``record_session_evicted``): no session's bookkeeping is dropped silently, none all at once."""
+counted (``mcp_token_sessions_evicted_total``): no session's bookkeeping is dropped silently, none all at once."""
 
 from __future__ import annotations
 
@@ -10,60 +10,46 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
 from mcp_token_otel.config import config_from_dict
-from mcp_token_otel.core.measure import Measurement
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.sink import BaseSink, CallInfo
 from mcp_token_otel.recorder import TokenRecorder
+
+from .calls import exchange
+from .support import Scrape, scrape
 
 TEXT = {"content": [{"type": "text", "text": "hello " * 50}]}
 
 
-class Calls(BaseSink):
-    def __init__(self) -> None:
-        self.evicted: list[tuple[str, str]] = []
-        self.ended: list[tuple[str, str]] = []
-        self.messages: list[tuple[str, str, str, str]] = []
-
-    def record_session_evicted(self, side: str, server: str) -> None:
-        self.evicted.append((side, server))
-
-    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
-        self.ended.append((side, server))
-
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
-    ) -> None:
-        self.messages.append((side, method, direction, server))
-
-
-def make(max_sessions: int) -> tuple[TokenRecorder, Calls, PrometheusMetrics]:
+def make(max_sessions: int) -> TokenRecorder:
     config = config_from_dict({"estimator": "chars/4", "budget": {"max_sessions": max_sessions}})
-    recorder = TokenRecorder(config, TracerProvider(), MeterProvider())
-    calls, prom = Calls(), PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(calls, inline=True)
-    recorder.add_sink(prom, inline=True)
-    return recorder, calls, prom
+    return TokenRecorder(config, TracerProvider(), MeterProvider())
 
 
 def call(recorder: TokenRecorder, session: str, server: str) -> None:
-    recorder.record_output(None, "server", "tools/call", "t", result=TEXT, session_id=session, server=server)
+    exchange(recorder, "server", "tools/call", {"name": "t"}, session, result=TEXT, server=server)
 
 
-def evicted_total(prom: PrometheusMetrics, server: str) -> float | None:
-    return prom.registry.get_sample_value("mcp_token_sessions_evicted_total", {"side": "server", "server": server})
+def evicted(found: Scrape) -> dict[str, float]:
+    """Evictions per server, the servers with one or more."""
+    return {labels["server"]: v for labels, v in found.pick("mcp_token_sessions_evicted_total", side="server") if v}
+
+
+def ended(found: Scrape) -> dict[str, float]:
+    """Sessions whose end observed their utilization, per server."""
+    return {labels["server"]: v for labels, v in found.pick("mcp_token_session_utilization_ratio_count") if v}
 
 
 def test_sessions_past_the_bound_are_evicted_least_recently_used_and_counted() -> None:
-    recorder, calls, prom = make(max_sessions=3)
+    recorder = make(max_sessions=3)
     for i in range(3):
         call(recorder, f"s{i}", f"srv{i}")
     call(recorder, "s0", "srv0")  # s0 is now the most recently used: s1 goes first
+    assert evicted(scrape(recorder)) == {}
     call(recorder, "s3", "srv3")
+    assert evicted(scrape(recorder)) == {"srv1": 1}  # one at a time
     call(recorder, "s4", "srv4")
-    assert calls.evicted == [("server", "srv1"), ("server", "srv2")]
-    assert calls.ended == calls.evicted  # an evicted session's end (its utilization) is still recorded
-    assert evicted_total(prom, "srv1") == 1 and evicted_total(prom, "srv2") == 1
-    assert evicted_total(prom, "srv0") is None
+    found = scrape(recorder)
+    assert evicted(found) == {"srv1": 1, "srv2": 1}
+    assert ended(found) == evicted(found)  # an evicted session's end (its utilization) is still recorded
+    assert not found.has("mcp_token_sessions_evicted_total", side="server", server="srv0")
     live = {server: sum(counts.values()) for (_, server), counts in recorder.session_states().items()}
     assert live["srv0"] == live["srv3"] == live["srv4"] == 1  # the survivors keep their server label
     assert live.get("srv1", 0) == live.get("srv2", 0) == 0
@@ -71,29 +57,51 @@ def test_sessions_past_the_bound_are_evicted_least_recently_used_and_counted() -
 
 
 def test_session_metadata_without_a_budget_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    recorder, calls, prom = make(max_sessions=3)
+    recorder = make(max_sessions=3)
 
     def budget_fault(session_id: str, tokens: int) -> Any:
         raise RuntimeError("budget registry down")
 
-    # Sessions the registry never holds (it fails): only their metadata is kept, bounded by the same limit.
+    # Sessions the registry never holds (it fails): only their metadata is kept, bounded too. The metadata of a
+    # session is made at its first request and its budget at its first answer, so the metadata's bound is twice the
+    # budgets' (the budgets' own least-recently-used end acts first on sessions that have one).
     monkeypatch.setattr(recorder.sessions["server"], "record", budget_fault)
-    for i in range(3):
+    for i in range(6):
         call(recorder, f"o{i}", f"srv{i}")
     call(recorder, "o0", "srv0")
-    for i in range(3, 6):
+    order = []
+    for i in range(6, 9):
         call(recorder, f"o{i}", f"srv{i}")
-    assert calls.evicted == [("server", "srv1"), ("server", "srv2"), ("server", "srv0")]
-    assert [evicted_total(prom, f"srv{i}") for i in range(6)] == [1, 1, 1, None, None, None]
-    assert calls.ended == []  # no budget, so no utilization to observe: only the eviction is news
-    assert recorder.error_counts == {"budget": 7}  # every failed budget update is a counted fault
+        order.append(evicted(scrape(recorder)))
+    assert order == [{"srv1": 1}, {"srv1": 1, "srv2": 1}, {"srv1": 1, "srv2": 1, "srv3": 1}]
+    found = scrape(recorder)
+    assert [found.value("mcp_token_sessions_evicted_total", server=f"srv{i}") for i in range(9)] == \
+        [0, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert ended(found) == {}  # no budget, so no utilization to observe: only the eviction is news
+    # Every failed budget update is a counted fault (one per exchange: its request and answer count together).
+    assert recorder.error_counts == {"budget": 10}
 
 
 def test_an_evicted_initialize_still_records_its_held_request() -> None:
-    recorder, calls, _ = make(max_sessions=1)
+    recorder = make(max_sessions=1)
+
+    def requested(found: Scrape) -> float:
+        return found.value("mcp_token_tokens_total", side="client", method="initialize", direction="input")
+
     # A client's initialize waits for its result to name the server; its session is evicted first.
-    recorder.record_input(None, "client", "initialize", {"protocolVersion": "2025-06-18"}, "c1")
-    assert ("client", "initialize", "input", "") not in calls.messages
-    recorder.record_input(None, "client", "initialize", {"protocolVersion": "2025-06-18"}, "c2")
-    assert ("client", "initialize", "input", "_unknown") in calls.messages  # recorded when c1 went, not lost
-    assert calls.evicted == [("client", "_unknown")]
+    # (The metadata's bound is twice the budgets': the third session's evicts the first's.)
+    first = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c1")
+    first.open()
+    assert requested(scrape(recorder)) == 0
+    second = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c2")
+    second.open()
+    assert requested(scrape(recorder)) == 0
+    third = recorder.begin("client", "initialize", {"protocolVersion": "2025-06-18"}, "c3")
+    third.open()
+    found = scrape(recorder)
+    assert requested(found) > 0  # recorded when c1 went, not lost
+    assert found.value("mcp_token_tokens_total", side="client", method="initialize", server="_unknown") == \
+        requested(found)
+    assert found.value("mcp_token_sessions_evicted_total", side="client", server="_unknown") == 1
+    for pending in (first, second, third):
+        pending.close()

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def test_a_built_wheel_installs_into_a_clean_venv_and_runs(tmp_path: Path) -> No
     _run(sys.executable, "-m", "build", "--outdir", dist, ROOT, cwd=tmp_path)
     wheels = list(dist.glob("mcp_token_otel-*.whl"))
     assert len(wheels) == 1 and list(dist.glob("mcp_token_otel-*.tar.gz")), list(dist.iterdir())
+    with zipfile.ZipFile(wheels[0]) as wheel:  # the license travels with the wheel, named by its SPDX id
+        names = wheel.namelist()
+        metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        license_file = wheel.read(next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))).decode()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines(), metadata[:800]
+    assert license_file == (ROOT / "LICENSE").read_text() and "Apache License" in license_file
     env = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env)
     python = env / "bin" / "python"

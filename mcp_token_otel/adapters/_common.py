@@ -1,5 +1,5 @@
 """What both SDK adapters need: hooking the SDK with wrapt and removing only our own hooks again, and small
-helpers over wire data and spans."""
+helpers over spans and trace context."""
 
 from __future__ import annotations
 
@@ -122,47 +122,8 @@ def makes_spans(tracer: Any) -> bool:
     return tracer is not None and not isinstance(tracer, trace.NoOpTracer)
 
 
-def wire_dict(model: Any) -> Any:
-    """The wire form of a pydantic model (what the SDK itself serializes); other values as they are."""
-    dump = getattr(model, "model_dump", None)
-    return dump(by_alias=True, mode="json", exclude_none=True) if callable(dump) else model
-
-
 def detach(token: Any) -> None:
     """Detach an attached OpenTelemetry context; never raises (the call must go on)."""
     if token is not None:
         with contextlib.suppress(Exception):
             otel_context.detach(token)
-
-
-class PendingEvents:
-    """Stands in for a span that is not open yet (a client request is guarded before the SDK opens its span):
-    keeps the events the recorder adds, for :meth:`replay` onto the span once it exists."""
-
-    __slots__ = ("events",)
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, Any]] = []
-
-    def is_recording(self) -> bool:
-        return True
-
-    def add_event(self, name: str, attributes: Any = None) -> None:
-        self.events.append((name, attributes))
-
-    def replay(self, span: Any) -> None:
-        if span is not None and self.events and span.is_recording():
-            for name, attributes in self.events:
-                span.add_event(name, attributes)
-        self.events.clear()
-
-
-def deliver(original: Any, wire: Any, guarded: Any) -> Any:
-    """What to hand on after the guards: ``original`` when they changed nothing (``guarded is wire``), else the
-    guarded wire dict, validated back into the original's model type when the SDK handed a model. Raises
-    when the guarded dict does not fit the model (the caller counts it and hands on ``original``)."""
-    if guarded is wire:
-        return original
-    if isinstance(original, Mapping):
-        return guarded
-    return type(original).model_validate(guarded, by_name=False)

@@ -35,28 +35,32 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Annotated, Any, TextIO
 
 import anyio
 import anyio.abc
 import uvicorn
-from mcp.types import CallToolResult, TextContent
+from mcp.server.mcpserver import Elicit, Resolve
+from mcp.types import CallToolResult, ElicitResult, TextContent
 from pydantic import BaseModel
 
 from ..config import Config
 from ..core.guard import META_GUARD_KEY
 from ..core.measure import Measurement
 from ..core.risk import RISK_TIERS
-from ..emitters.sink import BaseSink, CallInfo
+from ..emitters.aggregate import Aggregate
+from ..recorder import Call
 
 #: Tools and how often an agent calls them.
 TOOL_WEIGHTS: dict[str, int] = {
-    "get_time": 30, "search_docs": 30, "read_file": 18, "export_table": 10, "lookup_user": 12,
+    "get_time": 30, "search_docs": 30, "read_file": 18, "export_table": 10, "lookup_user": 12, "purge_cache": 6,
 }
 DEMO_CONTEXT_WINDOW = 60_000
 #: The demo's guards (server side, enforce): export_table's responses are ~9,500-15,000 tokens, so about half
 #: are cut; the model prices every response (guard.pricing's default table).
 DEMO_CAP = 12_000
+#: The line above the final table (README.md shows it, and tests/test_readme.py checks that it does).
+SUMMARY_TITLE = "final summary (tools/call results as the agents received them; sessions: server side):"
 DEMO_MODEL = "claude-sonnet-5-5"
 #: Share of search_docs results that carry a hidden instruction (invisible Unicode tag characters).
 DEMO_POISON_RATE = 0.2
@@ -80,26 +84,43 @@ class ToolStats:
     calls: int = 0
 
 
-class DemoStats(BaseSink):
-    """A recorder metrics sink keeping exact per-tool figures for the printed summary.
+@dataclass
+class SessionFigures:
+    """The server side's sessions in the summary: ended, entered warning, exhausted, the sum of their utilization at
+    end, and the tokens no budget could attribute."""
+
+    ended: int = 0
+    warning: int = 0
+    exhausted: int = 0
+    utilization_sum: float = 0.0
+    unbudgeted: int = 0
+
+
+class DemoStats:
+    """Exact per-tool figures for the printed summary, from the recorder's finished calls; session figures from its
+    aggregate (server side).
 
     Per tool: the tools/call results as the agents received them (client side), so sizes are what entered the
     context, after any guard's cut; a call a guard refused is counted as refused, not as the tool's error, and
-    its refusal text is not a result size. Sessions and unbudgeted tokens: server side."""
+    its refusal text is not a result size."""
 
-    def __init__(self) -> None:
+    def __init__(self, aggregate: Aggregate) -> None:
         self.tools: dict[str, ToolStats] = {}
-        self.transitions: Counter[str] = Counter()
-        self.sessions_ended = 0
-        self.unbudgeted = 0
-        self._utilization_sum = 0.0  # a sum, not a list: the demo may run for days (--duration 0)
+        self._aggregate = aggregate
         #: Refusals whose result the agent has not received yet, per tool (a guard refuses before answering).
         self._refusals: Counter[str] = Counter()
 
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, m: Measurement, server: str
-    ) -> None:
-        if side != "client" or direction != "output" or method != "tools/call" or tool is None:
+    def on_call(self, call: Call, m: Measurement) -> None:
+        """A recorder listener: every call's answer, once recorded."""
+        tool = call.tool
+        if call.method != "tools/call" or tool is None:
+            return
+        if call.side == "server":
+            if call.refusal is not None:  # the server's guard refused it: the agent's result is the refusal
+                self.tools.setdefault(tool, ToolStats()).refused += 1
+                self._refusals[tool] += 1
+            return
+        if call.side != "client":
             return
         stats = self.tools.setdefault(tool, ToolStats())
         stats.calls += 1
@@ -111,27 +132,26 @@ class DemoStats(BaseSink):
         stats.tiers[m.risk_tier] += 1
         stats.errors += m.error_type is not None
 
-    def record_guard_action(
-        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
-    ) -> None:
-        if action == "refused" and enforced and tool is not None:  # observe mode refuses nothing
-            self.tools.setdefault(tool, ToolStats()).refused += 1
-            self._refusals[tool] += 1
+    def _server_sum(self, name: str, last: str | None = None) -> float:
+        """The server side's total of a family (its series whose last label is ``last``, when given)."""
+        return sum(value for labels, value in self._aggregate.values(name)
+                   if labels[0] == "server" and (last is None or labels[-1] == last))
 
-    def record_transition(self, side: str, state: str, server: str) -> None:
-        if side == "server":
-            self.transitions[state] += 1
+    def sessions(self) -> SessionFigures:
+        """The server side's session figures so far, from the recorder's aggregate."""
+        ended = utilization = 0.0
+        for series, _buckets, total, count in self._aggregate.hists("mcp_token_session_utilization_ratio"):
+            if series.labels[0] == "server":
+                ended += count
+                utilization += total
+        return SessionFigures(int(ended), int(self._server_sum("mcp_token_session_transitions", "warning")),
+                              int(self._server_sum("mcp_token_session_transitions", "exhausted")), utilization,
+                              int(self._server_sum("mcp_token_unbudgeted_tokens")))
 
-    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
-        if side == "server":
-            self.sessions_ended += 1
-            self._utilization_sum += utilization
-
-    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
-        if side == "server":
-            self.unbudgeted += tokens
-
-    def table(self) -> str:
+    def table(self, sessions: SessionFigures | None = None) -> str:
+        """The summary: a row per tool, the tier mix, the session line (``sessions``: these figures instead of the
+        recorder's)."""
+        figures = self.sessions() if sessions is None else sessions
         lines = [f"{'tool':<14}{'calls':>7}{'p50 tok':>9}{'p95 tok':>9}{'max tok':>9}  {'tier (p95)':<11}"
                  f"{'overhead':>9}{'errors':>8}{'refused':>9}"]
         from ..core.risk import classify_risk
@@ -153,11 +173,10 @@ class DemoStats(BaseSink):
         for s in self.tools.values():
             mix.update(s.tiers)
         lines.append("tiers: " + ", ".join(f"{t} {mix[t]}" for t in RISK_TIERS))
-        util = (f", mean utilization at end {self._utilization_sum / self.sessions_ended:.0%}"
-                if self.sessions_ended else "")
+        util = (f", mean utilization at end {figures.utilization_sum / figures.ended:.0%}" if figures.ended else "")
         lines.append(
-            f"sessions: {self.sessions_ended} ended, {self.transitions['warning']} entered warning, "
-            f"{self.transitions['exhausted']} exhausted{util}; {self.unbudgeted:,} tokens in no budget"
+            f"sessions: {figures.ended} ended, {figures.warning} entered warning, "
+            f"{figures.exhausted} exhausted{util}; {figures.unbudgeted:,} tokens in no budget"
         )
         return "\n".join(lines)
 
@@ -176,6 +195,12 @@ class TimeOfDay(BaseModel):
     timezone: str
     datetime: str
     is_dst: bool
+
+
+class Confirmation(BaseModel):
+    """What purge_cache asks the user."""
+
+    ok: bool
 
 
 def build_server(seed: int = 0) -> Any:
@@ -226,7 +251,24 @@ def build_server(seed: int = 0) -> Any:
         return CallToolResult(content=[TextContent(type="text", text=json.dumps(
             {"id": user_id, "name": rng.choice(_WORDS).title(), "roles": ["reader"]}))])
 
+    @server.tool()
+    def purge_cache(region: str, confirmed: Annotated[Confirmation, Resolve(_confirm_purge)]) -> str:
+        """Purge a region's cache after the user confirms (protocol 2026-07-28: an input_required answer, then
+        the result: one logical call of two requests)."""
+        if not confirmed.ok:
+            return f"{region}: nothing purged."
+        return f"{region}: purged. " + " ".join(_sentence(rng, 10) for _ in range(rng.randint(8, 16)))
+
     return server
+
+
+def _confirm_purge(region: str) -> Elicit[Confirmation]:
+    return Elicit(f"Purge the {region} cache?", Confirmation)
+
+
+async def _confirm(context: Any, params: Any) -> ElicitResult:
+    """The agents' user: confirms what they are asked."""
+    return ElicitResult(action="accept", content={"ok": True})
 
 
 _ARGS: dict[str, Any] = {
@@ -235,6 +277,7 @@ _ARGS: dict[str, Any] = {
     "read_file": lambda rng: {"path": f"src/{rng.choice(_WORDS)}.py"},
     "export_table": lambda rng: {"table": rng.choice(["orders", "events", "users"])},
     "lookup_user": lambda rng: {"user_id": rng.randint(1, 5000)},
+    "purge_cache": lambda rng: {"region": rng.choice(["eu-west", "us-east", "ap-south"])},
 }
 
 
@@ -278,7 +321,7 @@ async def _agent(
     names, weights = list(TOOL_WEIGHTS), list(TOOL_WEIGHTS.values())
     while not stop.is_set() and time.monotonic() < deadline:
         planned = rng.randint(6, 26)  # some sessions stay ok, some reach warning or exhaustion
-        async with Client(server, mode=mode) as client:
+        async with Client(server, mode=mode, elicitation_callback=_confirm) as client:
             await client.list_tools()
             for call in range(planned):
                 if stop.is_set() or time.monotonic() >= deadline:
@@ -340,6 +383,18 @@ def _ensure_tracing(config: Config) -> None:
         trace.set_tracer_provider(TracerProvider())
 
 
+def _check_metrics_port(options: DemoOptions) -> None:
+    """A busy /metrics port is one error, with the way out, before anything is instrumented (the /metrics
+    server would otherwise log its own failure, then the demo its own)."""
+    from ..proxy.startup import StartupError, check_port_free
+
+    try:
+        check_port_free(options.metrics_host, options.metrics_port, "/metrics")
+    except StartupError as exc:
+        hint = " (--metrics-port 0 picks a free port)" if options.metrics_port else ""
+        raise RuntimeError(f"{exc}{hint}") from None
+
+
 async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdout) -> DemoStats:
     """Run the demo workload; returns the final figures (also printed)."""
     from .. import instrumentation as shim
@@ -360,12 +415,13 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
             guard, mode="enforce", max_response_tokens=guard.max_response_tokens or DEMO_CAP,
             session_hard_limit=True, model=guard.model or DEMO_MODEL, sides=["server"],
         ))
+    _check_metrics_port(options)
     _ensure_tracing(config)
     recorder = shim.instrument(config)
     if recorder is None:
         raise RuntimeError("the mcp SDK is not installed or not supported: nothing to demonstrate")
-    stats = DemoStats()
-    recorder.add_sink(stats)
+    stats = DemoStats(recorder.aggregate)
+    recorder.listeners.append(stats.on_call)
     try:
         service = shim.prometheus_service()
         if service is None or service.server is None:
@@ -403,8 +459,7 @@ async def run_demo(config: Config, options: DemoOptions, out: TextIO = sys.stdou
                     http.should_exit = True
                 tg.cancel_scope.deadline = time.monotonic() + 5  # let sessions close cleanly, bounded
         finally:  # Ctrl-C (cancellation) too: the figures so far are the point of the run
-            recorder.flush()  # a user sink runs off the call path: replay what is still queued
-            print("\nfinal summary (tools/call results as the agents received them; sessions: server side):", file=out)
+            print(f"\n{SUMMARY_TITLE}", file=out)
             print(stats.table(), file=out, flush=True)
         return stats
     finally:

@@ -81,6 +81,9 @@ def _split_at_stdio(parser: argparse.ArgumentParser) -> None:
             items, command = items[:index], items[index + 1 :]
             if command[:1] == ["--"]:
                 command = command[1:]
+        elif "--" in items:  # a server's command line, as `proxy` takes it: say what this command needs
+            self.error(f"to run a server over stdio, add --stdio before '--': {self.prog} [OPTIONS] --stdio -- "
+                       "COMMAND [ARGS...]")
         ns, extras = plain(items, namespace)
         ns.stdio = command
         return ns, extras

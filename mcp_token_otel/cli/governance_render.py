@@ -14,9 +14,8 @@ from typing import Any, TextIO
 from ..core.client_limits import ClientLimitWarning
 from ..core.contract import ServerProfile
 from ..core.lock_diff import CHANGE_CLASSES, Difference
-from ..core.observed import Observed, ToolView, overall_effective_risk
-from ..core.profiles import DefinitionParts, StaticProfile, sum_parts
-from ..core.risk import RISK_TIERS
+from ..core.observed import Observed, ToolView, overall_effective_risk, view_advice
+from ..core.profiles import Advice, DefinitionParts, StaticProfile, advice_priority, sum_parts
 from .observed_source import Observations
 
 #: Control characters (newlines, terminal escapes) must not reach a terminal or break a table row.
@@ -84,6 +83,7 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
                  observed: tuple[Observations, Sequence[ToolView]] | None = None) -> dict[str, Any]:
     """The ``--json`` of a profile; with observations, each tool gains ``observed`` and ``effective_risk``."""
     agg = p.aggregate
+    priorities = _priorities(p, observed)
     others: dict[str, list[dict[str, Any]]] = {"resources": [], "resource_templates": [], "prompts": []}
     for item in p.others:
         others[item.kind].append({"key": item.key, "definition_tokens": item.definition_tokens})
@@ -102,7 +102,8 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
         "context_share": round(p.context_share, 6),
         "counts": dict(p.counts),
         "warnings": [w.to_dict() for w in warnings],
-        "recommendations": list(agg.recommendations),
+        "recommendations": [a.text for a in _advice(p, observed)],
+        "advice": [a.to_dict() for a in _advice(p, observed)],
         "tools": [
             {
                 "name": t.tool_name, "definition_tokens": t.definition_tokens,
@@ -110,6 +111,7 @@ def profile_dict(p: ServerProfile, warnings: Sequence[ClientLimitWarning],
                 "max_tokens": t.max_tokens, "min_tokens": t.min_tokens, "base_tokens": t.base_tokens,
                 "field_count": t.field_count, "fields": list(t.fields), "limit": t.limit,
                 "limit_source": t.limit_source, "reason": t.reason, "recommendations": list(t.recommendations),
+                "priority": priorities[t.tool_name],
             }
             for t in p.tools
         ],
@@ -153,9 +155,21 @@ def _totals_line(p: ServerProfile) -> str:
             f"{p.context_share:.1%} of a {p.context_window:,}-token context window")
 
 
-def _ranked_recommendations(p: ServerProfile) -> list[tuple[str, str]]:
-    ranked = sorted(p.tools, key=lambda t: -RISK_TIERS.index(t.risk))
-    return [(t.risk, r) for t in ranked for r in t.recommendations]
+def _advice(p: ServerProfile, observed: tuple[Observations, Sequence[ToolView]] | None) -> tuple[Advice, ...]:
+    """The recommendations ranked by impact: from the static profile, or with the observations."""
+    return p.aggregate.advice if observed is None else view_advice(observed[1])
+
+
+def _priorities(p: ServerProfile, observed: tuple[Observations, Sequence[ToolView]] | None) -> dict[str, str]:
+    """Each listed tool's advice priority."""
+    if observed is None:
+        return {t.tool_name: advice_priority(t) for t in p.tools}
+    return {v.name: advice_priority(v.static, v.effective_risk, v.observed.risk if v.observed else None)
+            for v in observed[1] if v.static is not None}
+
+
+#: The line above the recommendations.
+ADVICE_TITLE = "recommendations (by impact, critical first)"
 
 
 def _header(p: ServerProfile) -> str:
@@ -261,11 +275,11 @@ def print_profile_table(p: ServerProfile, warnings: Sequence[ClientLimitWarning]
         print(plain(text), file=out)
     for text in warning_lines(warnings):
         print(text, file=out)
-    recs = _ranked_recommendations(p)
-    if recs:
-        print("recommendations (critical first):", file=out)
-        for tier, rec in recs:
-            print(f"- [{tier}] {plain(rec)}", file=out)
+    advice = _advice(p, observed)
+    if advice:
+        print(f"{ADVICE_TITLE}:", file=out)
+        for a in advice:
+            print(f"- [{a.priority}] {plain(a.text)}", file=out)
 
 
 def _markdown_table(p: ServerProfile, observed: tuple[Observations, Sequence[ToolView]] | None,
@@ -298,13 +312,13 @@ def print_profile_markdown(p: ServerProfile, warnings: Sequence[ClientLimitWarni
         print(file=out)
         print(md(text[0].upper() + text[1:]) + ".", file=out)
     _markdown_warnings(warnings, out)
-    recs = _ranked_recommendations(p)
-    if recs:
+    advice = _advice(p, observed)
+    if advice:
         print(file=out)
-        print("Recommendations (critical first):", file=out)
+        print(f"{ADVICE_TITLE.capitalize()}:", file=out)
         print(file=out)
-        for tier, rec in recs:
-            print(f"- **{tier}**: {md(rec)}", file=out)
+        for a in advice:
+            print(f"- **{a.priority}**: {md(a.text)}", file=out)
 
 
 def _markdown_warnings(warnings: Sequence[ClientLimitWarning], out: TextIO) -> None:

@@ -8,20 +8,31 @@ import codecs
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO, cast
+from urllib.parse import unquote
 
 import yaml
 
-from ..config import SECRET_KEYS, Config, ConfigError, build_policy, config_as_dict, load_config
+from .. import __version__
+from ..config import (
+    SECRET_KEYS,
+    URL_KEYS,
+    Config,
+    ConfigError,
+    build_policy,
+    config_as_dict,
+    load_config,
+    url_password,
+)
 from ..core.estimators import ESTIMATOR_NAMES, EstimatorUnavailable
 from ..core.measure import Measurement, Policy, measure_message, measure_result
 from ..core.redact import ScrubbedStream, secrets_in_args
 from . import governance
+from .options import number, port
 
 #: The most ``estimate`` reads (``--max-bytes``): the largest message the proxy measures. Endless input
 #: (``/dev/zero``, a stream that never closes) is cut there, with a note, rather than read until memory runs out.
@@ -183,32 +194,10 @@ def _cmd_demo(args: argparse.Namespace, config: Config, policy: Policy) -> int:
     return 0
 
 
-def _number(kind: type, low: float, *, inclusive: bool, words: str) -> Callable[[str], Any]:
-    """An argparse type: a finite ``kind`` above ``low`` (or at it, with ``inclusive``)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (value == low and not inclusive):
-            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
-        return value
-
-    return parse
-
-
-_POSITIVE_INT = _number(int, 0, inclusive=False, words="a positive integer")
-_DURATION = _number(float, 0, inclusive=True, words="a finite number of seconds >= 0 (0 = until Ctrl-C)")
-_RATE = _number(float, 0, inclusive=False, words="a positive finite number")
-_INTERVAL = _number(float, 0.1, inclusive=True, words="a finite number of seconds >= 0.1")
-
-
-def _port(text: str) -> int:
-    value = _number(int, 0, inclusive=True, words="a port number from 0 to 65535")(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number from 0 to 65535, got {text!r}")
-    return int(value)
+_POSITIVE_INT = number(int, 0, inclusive=False, words="a positive integer")
+_DURATION = number(float, 0, inclusive=True, words="a finite number of seconds >= 0 (0 = until Ctrl-C)")
+_RATE = number(float, 0, inclusive=False, words="a positive finite number")
+_INTERVAL = number(float, 0.1, inclusive=True, words="a finite number of seconds >= 0.1")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -224,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Token economics for MCP tool calls: estimates, overhead, risk tiers, budgets.",
     )
     parser.add_argument("--config", help="YAML configuration file (default: $MCP_TOKEN_OTEL_CONFIG)")
+    parser.add_argument("--version", action="version", version=f"mcp-token-otel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     est = sub.add_parser("estimate", help="estimate and classify a payload or an MCP JSON-RPC message")
@@ -240,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run an instrumented MCP server and client, serving /metrics")
     demo.add_argument("--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)")
-    demo.add_argument("--metrics-port", type=_port, default=9464, help="port for /metrics (default 9464; 0 = any)")
+    demo.add_argument("--metrics-port", type=port, default=9464, help="port for /metrics (default 9464; 0 = any)")
     demo.add_argument("--duration", type=_DURATION, default=20.0, help="seconds to run (default 20; 0 = until Ctrl-C)")
     demo.add_argument("--rate", type=_RATE, default=20.0, help="tool calls per second, all sessions (default 20)")
     demo.add_argument("--sessions", type=_POSITIVE_INT, default=3, help="concurrent agent sessions (default 3)")
@@ -284,6 +274,10 @@ def _config_secrets(config: Config) -> set[str]:
     for key in SECRET_KEYS:
         section, leaf = key.split(".")
         secrets.add(str(getattr(getattr(config, section), leaf)))
+    for key in URL_KEYS:  # a password inside a URL (budget.store), as written and percent-decoded
+        section, leaf = key.split(".")
+        password = url_password(str(getattr(getattr(config, section), leaf)))
+        secrets.update((password, unquote(password)))
     return secrets
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..core.measure import Policy
+from .options import host_port, port
 
 if TYPE_CHECKING:
     from ..proxy.transport import Transport
@@ -32,7 +33,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
                                   "or the upstream host)")
-    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+    p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve Prometheus /metrics of this proxy's own on this port (0: any free port, whose URL "
                         "is printed on stderr); stdio default: none, the metrics go to the host store that "
                         "`mcp-token-otel serve` serves")
@@ -40,7 +41,7 @@ def add_parser(sub: Any) -> None:
                    help="address for /metrics (default: prometheus.host, 127.0.0.1)")
     p.add_argument("--metrics-required", action="store_true",
                    help="exit when /metrics cannot be served (default: warn on stderr and relay without it)")
-    p.add_argument("--listen", metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
+    p.add_argument("--listen", type=host_port, metavar="HOST:PORT", help="HTTP mode: HOST:PORT to listen on")
     p.add_argument("--upstream", metavar="URL", help="HTTP mode: the streamable-HTTP MCP endpoint URL to forward to")
     p.add_argument("--inject-trace-context", action="store_true",
                    help="write the proxy span's W3C traceparent into params._meta of requests that carry none, "

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import Config
 from ..core.measure import Policy
+from .options import number, port
 
 PREFIX = "mcp-token-otel serve"
 #: Seconds between compactions when nobody scrapes (each scrape compacts too).
@@ -38,24 +39,15 @@ def add_parser(sub: Any) -> None:
                     "address, and compact the files of proxies that ended.",
     )
     p.add_argument("--host", default=None, help="address to listen on (default: prometheus.host, 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port (default: prometheus.port, 9464)")
+    p.add_argument("--port", type=port, default=None, help="port (default: prometheus.port, 9464)")
     p.add_argument("--state-dir", default=None, metavar="DIR",
                    help="the host store (default: prometheus.state_dir, else "
                         "$XDG_STATE_HOME/mcp-token-otel/metrics or ~/.local/state/mcp-token-otel/metrics)")
-    p.add_argument("--compact-interval", type=_interval, default=COMPACT_INTERVAL, metavar="SECONDS",
+    p.add_argument("--compact-interval", type=number(float, 0, inclusive=False, words="a number of seconds above 0"),
+                   default=COMPACT_INTERVAL, metavar="SECONDS",
                    help=f"compact ended proxies' files this often when nobody scrapes (default {COMPACT_INTERVAL:g})")
     p.add_argument("--log-level", default="warning", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run, estimator=None)
-
-
-def _interval(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {value!r}")
-    return seconds
 
 
 def _fail(message: str) -> int:

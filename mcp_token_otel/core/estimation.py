@@ -30,14 +30,13 @@ Accuracy (held-out split: other seeds/files, 15 kinds, 600 samples, vs o200k_bas
     6.8% mean absolute error overall; per kind 3.7% (JSON, CJK) .. 13.6% (markdown tables),
     13.0% (translated man pages); see ``python benchmarks/estimator_accuracy.py``. chars/4 is 25% off.
 
-Speed (one core, CPython 3.11)
-    ~7-8 µs per 2 KB ASCII call (JSON payload), ~20 µs for 2 KB of Cyrillic; ~220-400 MB/s scanning
-    ASCII whole. ASCII text counts its transitions on the weight bytes (each ASCII class has its own
-    weight, so no second translation), and a pattern one of whose bytes never occurs is not counted (a
-    memchr instead of a count): the same sums, in the same order.
+Speed (figures: docs/estimators.md, ``benchmarks/estimator_accuracy.py``)
+    ASCII text counts its transitions on the weight bytes (each ASCII class has its own weight, so no
+    second translation), and a pattern one of whose bytes never occurs is not counted (a memchr instead
+    of a count): the same sums, in the same order.
     Above 64 K characters the estimate is taken from 32 evenly spaced chunks (320 characters, 64 for
-    non-ASCII text) scored as one and scaled by length, so any larger string costs under 0.1 ms, 10 MB
-    included.
+    non-ASCII text) scored as one and scaled by length, so the cost of a larger string does not grow with
+    its size.
 """
 
 from __future__ import annotations
@@ -202,10 +201,9 @@ def _weighted_byte_sum(weights: bytes) -> int:
 
 
 # Above this many characters, estimate from evenly spaced samples (bounded cost): 32 chunks, joined and
-# scored in one pass (one call instead of 32: the per-call cost was a third of the price). Non-ASCII text
-# costs ~4x more per character (3-byte characters, the non-ASCII patterns), so its chunks are shorter.
-# Against a full scan of every corpus kind at 300 K characters the estimate is within 2.5%; it costs
-# ~60-90 µs at any size (the 16 x 4 K chunks it replaced cost 350-2,000 µs and were within 5.8%).
+# scored in one pass (one call instead of 32 saves the per-call cost). Non-ASCII text costs several times
+# more per character (3-byte characters, the non-ASCII patterns), so its chunks are shorter. Against a full
+# scan of every corpus kind at 300 K characters the estimate is within 2.5%, at the same cost at any size.
 SAMPLE_THRESHOLD = 64 * 1024
 SAMPLE_CHUNKS = 32
 SAMPLE_CHUNK = 320

@@ -7,11 +7,11 @@
     field removed or retyped.
 ``RISKY``
     risk tier up; became unbounded (or its size unknown); limit raised or removed; a limit input (``limit``,
-    ``max_results``, ``head``, ...) whose ``maximum`` was removed or raised, or that became optional without a
-    default; a string output that lost its ``maxLength`` (or whose ``maxLength`` was raised); definition tokens
-    up more than ``CheckLimits.max_token_increase_pct``; server definition tokens over
-    ``CheckLimits.token_budget`` or up more than the percentage; a new tool that is not bounded, or high or
-    critical; the server's version going backwards.
+    ``max_results``, ``head``, ...) with a ``maximum`` removed (BREAKING too: an input removed), or whose
+    ``maximum`` was removed or raised, or that became optional without a default; a string output that lost its
+    ``maxLength`` (or whose ``maxLength`` was raised); definition tokens up more than
+    ``CheckLimits.max_token_increase_pct``; server definition tokens over ``CheckLimits.token_budget`` or up more
+    than the percentage; a new tool that is not bounded, or high or critical; the server's version going backwards.
 ``SAFE``
     new optional input; input made optional; output field added; description changed; tier down; became
     bounded; limit, limit maximum or maxLength lowered; a new tool under the limits; a new server version; any
@@ -104,6 +104,9 @@ def _diff_inputs(old_in: Mapping[str, Any], new_in: Mapping[str, Any]) -> list[t
         before, after = old_in.get(name), new_in.get(name)
         if after is None:
             out.append(("BREAKING", "input removed", f"'{name}' ({(before or {}).get('type')})"))
+            if limit_kind(name) is not None and number((before or {}).get("maximum")) is not None:
+                # callers' code breaks, and what it held to a maximum is no longer bounded by it
+                out.append(("RISKY", "limit input removed", f"'{name}': the result is no longer bounded by it"))
         elif before is None:
             required = bool(after.get("required"))
             out.append(("BREAKING" if required else "SAFE", f"{'required' if required else 'optional'} input added",

@@ -7,7 +7,9 @@ histogram keeps no maximum: ``max`` is an upper bound, the least of the highest 
 the sum minus the smallest values the other observations can have; exact when one call was observed (its sum).
 A quantile never exceeds that maximum.
 
-The effective tier of a tool is the worse of its static tier and the tier of its observed p95.
+The effective tier of a tool is the worse of its static tier and the tier of its observed p95; for a tool whose
+schema declares no bound (unbounded or unknown), observed over at least ``ENOUGH_CALLS`` calls, it is the tier of
+its observed p95: the schema says nothing about its size, and that many calls do.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from .client_limits import ClientLimitWarning
 from .contract import LockError, ServerProfile
 from .lock_diff import Difference
-from .profiles import StaticProfile
+from .profiles import Advice, StaticProfile, advice_priority, rank_advice
 from .risk import RISK_TIERS, RiskThresholds, RiskTier, tier_of
 
 #: The per-message token histogram (catalog family ``mcp_token_message_tokens``) and the series it is read for.
@@ -33,6 +35,8 @@ RESULT_LIMITS: tuple[int, int] = (10_000, 25_000)
 #: When several sides measured a tool (a client and its server in one process), the side that saw the most calls
 #: is read; on a tie, the first in this order.
 SIDE_ORDER: tuple[str, ...] = ("server", "proxy", "client")
+#: Calls after which a tool's observed p95 rates it when its schema declares no bound.
+ENOUGH_CALLS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +73,10 @@ class ToolView:
 
     @property
     def effective_risk(self) -> RiskTier:
-        tiers = [t.risk for t in (self.static, self.observed) if t is not None]
+        s, o = self.static, self.observed
+        if s is not None and o is not None and s.bounded is not True and o.calls >= ENOUGH_CALLS:
+            return o.risk  # no declared bound to hold it to: what enough calls returned rates it
+        tiers = [t.risk for t in (s, o) if t is not None]
         return max(tiers, key=RISK_TIERS.index)
 
     @property
@@ -233,6 +240,18 @@ def merge(profile: ServerProfile, observed: Mapping[str, Observed]) -> list[Tool
     names = {t.tool_name for t in profile.tools}
     unlisted = [ToolView(name, None, o) for name, o in observed.items() if name not in names]
     return [v for v in listed if v.bounded_but_large] + [v for v in listed if not v.bounded_but_large] + unlisted
+
+
+def view_advice(views: Sequence[ToolView]) -> tuple[Advice, ...]:
+    """The listed tools' recommendations ranked by impact with observations: priority from the effective tier
+    (an action's report from its observed tier), then the larger observed p95 first."""
+    entries = []
+    for v in views:
+        if v.static is not None:
+            seen = v.observed.risk if v.observed else None
+            entries.append((v.static, advice_priority(v.static, v.effective_risk, seen),
+                            v.observed.p95 if v.observed else -1))
+    return rank_advice(entries)
 
 
 def overall_effective_risk(views: Sequence[ToolView]) -> RiskTier:

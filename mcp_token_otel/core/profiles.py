@@ -30,6 +30,11 @@ Base-token rules (``BASE_RULES``): ``default`` costs a field as the estimated to
 typical short value (ids, names, e-mails and dates measure 6 to 10 o200k tokens quoted); ``compact`` as
 ``ceil(len(name) / 4)`` plus 5, which undercounts a realistic item (42 o200k tokens; default 43, compact 28).
 ``seed`` is accepted as another name for ``compact``.
+
+Advice is ranked by impact (:func:`advice_priority`, :func:`rank_advice`): a tool's priority is its tier (low
+reads ``advisory``), except an action's report (``reports_action``: a tool annotated ``readOnlyHint: false``
+whose result is unbounded only through text fields, a status or the diff of the model's own edit), which is
+advisory unless observed larger. The same advice for several tools of one priority is one line naming them.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ _NOT_COLLECTION = frozenset({"status", "address", "process", "class", "progress"
 #: The tier of a tool whose result has no bound, and of one whose result cannot be judged.
 UNBOUNDED_RISK: RiskTier = "critical"
 UNKNOWN_RISK: RiskTier = "high"
+#: Advice priorities, least first: the risk tiers, with "low" read as "advisory" (worth doing, no risk).
+PRIORITIES: tuple[str, ...] = ("advisory", "medium", "high", "critical")
 
 
 
@@ -124,6 +131,21 @@ class StaticProfile:
     reason: str = ""
     #: ``definition_tokens`` by part; None when only the total is known (a tool known by its fields alone).
     definition_parts: DefinitionParts | None = None
+    #: An action's report: annotated ``readOnlyHint: false``, with a declared result unbounded only through its
+    #: text fields (a status, the diff of the model's own edit). Its advice is advisory unless observed larger.
+    reports_action: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One recommendation, for one tool or for several that need the same change, with its priority."""
+
+    priority: str
+    tools: tuple[str, ...]
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"priority": self.priority, "tools": list(self.tools), "recommendation": self.text}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +157,8 @@ class AggregateProfile:
     recommendations: tuple[str, ...] = field(default=())
     definition_tokens: int = 0
     unknown_tool_names: tuple[str, ...] = ()
+    #: The recommendations ranked by impact and grouped (``recommendations`` holds their texts).
+    advice: tuple[Advice, ...] = ()
 
 
 def base_tokens_of(field_names: Sequence[str], rule: str = "default") -> int:
@@ -309,7 +333,7 @@ def _unbounded(name: str, walk: ResultWalk, limits: Sequence[LimitInput]) -> tup
     if walk.top_causes:
         for gap, names in _gap_groups(limits).items():
             inputs = f"{' and '.join(names)} input{'s' if len(names) > 1 else ''}"
-            recs.append(f"Tool '{name}': give its {inputs} {_GAP_FIX[gap]}, so that leaving "
+            recs.append(f"Tool '{name}': give the {inputs} {_GAP_FIX[gap]}, so that leaving "
                         f"{'them' if len(names) > 1 else 'it'} out still bounds the result.")
     return f"unbounded: {reason}", recs
 
@@ -364,11 +388,14 @@ def profile_tool_definition(
     elif note is not None:
         max_tokens, bounded = None, None
         reason = f"unknown: {note}"
-        recs.append(f"Tool '{name}' declares no result fields ({note}): its size cannot be judged statically; "
-                    "declare an outputSchema with properties and bounds (maxItems, maxLength).")
+        recs.append(f"Tool '{name}': no result fields declared ({note}): the result's size cannot be judged "
+                    "statically; declare an outputSchema with properties and bounds (maxItems, maxLength).")
     else:
         max_tokens, bounded = None, False
         reason, recs = _unbounded(name, walk, limits)
+    annotations = tool.get("annotations")
+    read_only = annotations.get("readOnlyHint") if isinstance(annotations, Mapping) else None
+    reports_action = bounded is False and read_only is False and all(kind == "string" for kind, _ in walk.causes)
     risk = _risk_of(bounded, max_tokens, thresholds)
     recs += _size_recommendations(name, risk, max_tokens, len(fields))
     base = base_tokens_of(fields, rule)
@@ -376,22 +403,54 @@ def profile_tool_definition(
         tool_name=name, risk=risk, bounded=bounded, max_tokens=max_tokens, min_tokens=base, base_tokens=base,
         field_count=len(fields), recommendations=tuple(dict.fromkeys(recs)), definition_tokens=definition,
         fields=tuple(fields), limit=limit, limit_source=source, rule=rule, reason=reason, definition_parts=parts,
+        reports_action=reports_action,
     )
 
 
+def advice_priority(profile: StaticProfile, tier: RiskTier | None = None, observed: RiskTier | None = None) -> str:
+    """How much a tool's advice matters (``PRIORITIES``): its tier (``tier``: the effective one, with
+    observations), except that an action's report (``reports_action``) is advisory, or its ``observed`` tier."""
+    chosen = (observed or "low") if profile.reports_action else (tier or profile.risk)
+    return PRIORITIES[RISK_TIERS.index(chosen)]
+
+
+def _names(tools: Sequence[str]) -> str:
+    quoted = [f"'{t}'" for t in tools]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+def rank_advice(entries: Sequence[tuple[StaticProfile, str, int]]) -> tuple[Advice, ...]:
+    """Every recommendation of ``entries`` (a profile, its priority, its observed size or -1), ranked by
+    impact: priority first, then the larger observed size, then as listed. The same advice (the text after
+    ``Tool 'NAME': ``) at one priority is one line naming every tool it is for, where the first of them ranks."""
+    order = sorted(range(len(entries)), key=lambda i: (-PRIORITIES.index(entries[i][1]), -entries[i][2], i))
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for index in order:
+        profile, priority, _ = entries[index]
+        prefix = f"Tool '{profile.tool_name}': "
+        for text in profile.recommendations:
+            if text.startswith(prefix):
+                grouped.setdefault((priority, text[len(prefix):]), []).append(profile.tool_name)
+            else:  # a sentence of its own (it names a size or a count): not merged
+                grouped.setdefault((priority, text), [])
+    return tuple(Advice(priority, tuple(tools), f"{'Tools' if len(tools) > 1 else 'Tool'} {_names(tools)}: {text}"
+                        if tools else text) for (priority, text), tools in grouped.items())
+
+
 def aggregate_profiles(profiles: Iterable[StaticProfile]) -> AggregateProfile:
-    """Worst-case view over many tools; recommendations ordered critical first, then high, then others."""
+    """Worst-case view over many tools; recommendations ranked by impact (:func:`rank_advice`)."""
     items = tuple(profiles)
     if not items:
         return AggregateProfile("low", (), (), ())
     overall = max((p.risk for p in items), key=RISK_TIERS.index)
-    ranked = sorted(items, key=lambda p: -RISK_TIERS.index(p.risk))  # stable within a tier
+    advice = rank_advice([(p, advice_priority(p), -1) for p in items])
     return AggregateProfile(
         overall_risk=overall,
         profiles=items,
         unbounded_tool_names=tuple(p.tool_name for p in items if p.bounded is False),
         critical_tool_names=tuple(p.tool_name for p in items if p.risk == "critical"),
-        recommendations=tuple(r for p in ranked for r in p.recommendations),
+        recommendations=tuple(a.text for a in advice),
         definition_tokens=sum(p.definition_tokens for p in items),
         unknown_tool_names=tuple(p.tool_name for p in items if p.bounded is None),
+        advice=advice,
     )

@@ -1,40 +1,29 @@
-"""Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set): the catalog's families as prometheus-client objects,
-whose values live in the client's shared files and are merged by its multiprocess collector.
+"""The aggregate on prometheus-client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR`` set): multi-worker
+servers, and every stdio proxy of a host reporting into one directory.
 
-The same families and labels as the single-process sink, except the series-overflow counts (series are not
-capped here: label values arrive bounded, and the files hold what the workers wrote). Exemplars are off (the
-client does not support them in this mode).
+The same catalog families and labels as the in-process aggregate; the values live in the client's shared files,
+merged at scrape time by its multiprocess collector (in whichever process serves /metrics). Series are not
+capped here (label values arrive bounded, and the files hold what the processes wrote), so the series-overflow
+counts are absent; exemplars are off (the client does not support them in this mode). Families read from their
+owner's state (live sessions, the proxy's counts) are written into the files at most once a second on a message,
+and at :meth:`SharedFilesAggregate.write_readers`, which the owner calls before the process ends.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
-from ..catalog import prometheus_families
-from ..core.budget import BUDGET_STATES
-from ..core.measure import Measurement
-from ..core.risk import RISK_TIERS
-from .prometheus_text import label_value, label_values
-from .sink import CallInfo
+from ..catalog import Family
+from .aggregate import Aggregate, MessageSeries, Reader, Rows, label_values
 
-_MAX_CACHED_SERIES = 10_000
-#: Seconds between a worker's refreshes of its live-sessions gauge (done on a message).
-_STATES_INTERVAL = 1.0
-
-#: Live sessions per (side, server) and state, as the recorder reports them (TokenRecorder.session_states);
-#: a mapping keyed by side alone (TokenRecorder.states) is shown under the sink's own ``server``.
-StatesFn = Callable[[], Mapping[Any, Mapping[str, int]]]
-
-
-def by_server(states: Mapping[Any, Mapping[str, int]], server: str) -> list[tuple[str, str, Mapping[str, int]]]:
-    """(side, server, counts) rows from either shape of a StatesFn's answer, sorted."""
-    rows = [(*(key if isinstance(key, tuple) else (key, server)), counts) for key, counts in states.items()]
-    return sorted(rows, key=lambda row: (row[0], row[1]))
+#: Seconds between a process's writes of the families read from its state (done on a message).
+_READERS_INTERVAL = 1.0
+_TOKENS = "mcp_token_message_tokens"
 
 
 def multiprocess_mode() -> bool:
@@ -42,149 +31,136 @@ def multiprocess_mode() -> bool:
 
 
 def multiprocess_registry() -> CollectorRegistry:
-    """A registry that serves the merged values of every worker (multiprocess mode)."""
+    """A registry that serves the merged values of every process writing into the directory."""
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     return registry
 
 
-def _metric(family: Any, registry: CollectorRegistry) -> Any:
+def _metric(family: Family, registry: CollectorRegistry) -> Any:
     labels = list(family.labels)
     if family.kind == "histogram":
         return Histogram(family.name, family.help, labels, buckets=family.buckets, registry=registry)
     if family.kind == "counter":
         return Counter(family.name, family.help, labels, registry=registry)
-    return Gauge(family.name, family.help, labels, registry=registry, multiprocess_mode=family.multiprocess_mode)
+    mode: Any = family.multiprocess_mode
+    return Gauge(family.name, family.help, labels, registry=registry, multiprocess_mode=mode)
 
 
-class SharedFileFamilies:
-    """A :class:`~.sink.MetricsSink` on prometheus-client objects (one per catalog family)."""
+class SharedFilesAggregate(Aggregate):
+    """An :class:`Aggregate` whose values are prometheus-client children writing the multiprocess files."""
 
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        states: StatesFn | None,
-        rate_budgets: Mapping[str, float],
-        server: str,
-        input_histograms: bool = False,
-    ) -> None:
-        self._states = states
-        self._input_histograms = input_histograms
-        self._states_read = float("-inf")
-        self._server = server
-        self.m = {f.name: _metric(f, registry) for f in prometheus_families("recorder") if not f.capped_only}
-        for scope, value in rate_budgets.items():
-            self.m["mcp_token_output_rate_budget_tokens_per_second"].labels(scope, server).set(value)
-        self._series: dict[tuple[str, str, str, str | None, str], tuple[Any, ...]] = {}
-        # Series that alerts take increase() of exist at 0 from the start.
-        self.m["mcp_token_instrumentation_errors"].labels("estimate", server)
-        for side in ("client", "server", "proxy") if server else ():  # an unknown name gets its real one later
-            self._touch_server(side, server)
+    def __init__(self, families: Iterable[Family] | None = None, *, input_histograms: bool = False) -> None:
+        super().__init__(families, input_histograms=input_histograms)
+        # Registered nowhere: these processes only write; the serving process's collector reads the files.
+        registry = CollectorRegistry()
+        self.metrics: dict[str, Any] = {f.name: _metric(f, registry) for f in self.families.values()
+                                        if f.name and f.emitter in ("recorder", "proxy") and not f.capped_only}
+        self._children: dict[tuple[str, tuple[Any, ...]], Any] = {}
+        self._readers_written = float("-inf")
 
-    def _touch_server(self, side: str, server: str) -> None:
-        """A side's transition, unbudgeted and prompt-cache series at 0 from its first message (alerts and
-        dashboards take increase() and rate() of them)."""
-        for state in ("warning", "exhausted"):
-            self.m["mcp_token_session_transitions"].labels(side, server, state)
-        for name in ("mcp_token_unbudgeted_tokens", "mcp_token_prompt_cache_invalidations",
-                     "mcp_token_prompt_cache_resent_tokens"):
-            self.m[name].labels(side, server)
+    def child(self, name: str, labels: tuple[Any, ...]) -> Any:
+        """The labelled child of family ``name``, cached (``labels()`` takes a lock and validates each time)."""
+        key = (name, labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= 100_000:  # a cache of children: clearing it loses no value
+                self._children.clear()
+            found = self._children[key] = self.metrics[name].labels(*label_values(labels))
+        return found
 
-    def _children(self, side: str, server: str, method: str, tool: str | None, direction: str) -> tuple[Any, ...]:
-        """The labelled series one message touches, cached: labels() takes a lock and validates each time."""
+    def add(self, name: str, labels: tuple[Any, ...], value: float = 1.0) -> None:
+        self.child(name, labels).inc(value)
+
+    def observe(self, name: str, labels: tuple[Any, ...], value: float, context: Any = None) -> None:
+        family = self.families[name]
+        if family.name:
+            self.child(name, labels).observe(value)
+        points = self.points
+        if points is not None and family.otel_name:
+            points.record(family, labels, value, context)
+
+    def set(self, name: str, labels: tuple[Any, ...], value: float) -> None:
+        self.child(name, labels).set(value)
+
+    def replace(self, name: str, prefix: tuple[Any, ...], rows: Iterable[tuple[tuple[Any, ...], float]]) -> None:
+        # A file keeps what this process wrote; a tool no longer listed keeps its last value (max-merged).
+        for labels, value in rows:
+            self.child(name, labels).set(value)
+
+    def touch(self, name: str, labels: tuple[Any, ...]) -> None:
+        self.child(name, labels)
+
+    def message(self, side: str, server: str, method: str, tool: str | None, direction: str) -> MessageSeries:
         key = (side, server, method, tool, direction)
-        children = self._series.get(key)
-        if children is None:
-            m = self.m
-            labels = (side, label_value(server), label_value(method), label_value(tool))
-            output = direction == "output"
-            children = (
-                m["mcp_token_message_tokens"].labels(*labels, direction) if output or self._input_histograms else None,
-                m["mcp_token_tokens"].labels(*labels, direction),
-                m["mcp_token_bytes"].labels(*labels, direction),
-                m["mcp_token_overhead_tokens"].labels(*labels) if output else None,
-                {t: m["mcp_token_responses"].labels(*labels, t) for t in RISK_TIERS} if output else None,
-            )
-            if output:
-                self._touch_server(side, label_value(server))
-            if len(self._series) >= _MAX_CACHED_SERIES:  # a cache of children: clearing it loses no value
-                self._series.clear()
-            self._series[key] = children
-        return children
+        found = self._messages.get(key)
+        if found is None:
+            out = (side, server, method, tool)
+            found = MessageSeries(out)
+            # A request's tokens go to the counter alone unless metrics.input_histograms (the histogram shows
+            # responses); here the counter is a family of its own (the files cannot sum a histogram's series).
+            if direction == "output" or self.input_histograms:
+                found.tokens = self.child(_TOKENS, key)
+            found.token_count = self.child("mcp_token_tokens", key)
+            found.bytes = self.child("mcp_token_bytes", key)
+            if direction == "output":
+                found.overhead = self.child("mcp_token_overhead_tokens", out)
+                found.duration = self.child("mcp_token_operation_duration_seconds", out)
+                found.tiers = {}
+                self.touch_server(side, server)
+            points = self.points
+            if points is not None and (direction == "output" or self.input_histograms):
+                found.points = points.attributes(self.families[_TOKENS], key)
+            self._messages[key] = found
+        return found
 
-    def record_message(
-        self, side: str, method: str, tool: str | None, direction: str, measurement: Measurement, server: str
-    ) -> None:
-        tokens_hist, tokens_total, bytes_total, overhead, responses = self._children(
-            side, server, method, tool, direction
-        )
-        if tokens_hist is not None:
-            tokens_hist.observe(measurement.total_tokens)
-        tokens_total.inc(measurement.total_tokens)
-        bytes_total.inc(measurement.bytes)
-        if overhead is not None:
-            overhead.inc(measurement.overhead_tokens)
-            responses[measurement.risk_tier].inc()
+    def add_message(self, ms: MessageSeries, tokens: int, size: int, overhead: int, tier: str | None,
+                    exemplar: dict[str, str] | None = None, context: Any = None) -> None:
+        if ms.tokens is not None:
+            ms.tokens.observe(tokens)
+        ms.token_count.inc(tokens)
+        ms.bytes.inc(size)
+        if ms.overhead is not None and tier is not None:
+            ms.overhead.inc(overhead)
+            self.child("mcp_token_responses", (*ms.out, tier)).inc()
+        attrs = ms.points
+        if attrs is not None:
+            self.points.record_attributes(self.families[_TOKENS], tokens, attrs, context)  # type: ignore[union-attr]
         now = time.monotonic()
-        if self._states is not None and now - self._states_read >= _STATES_INTERVAL:
+        if now - self._readers_written >= _READERS_INTERVAL:
             # Reading the states is a pass over the live sessions: once a second at most, not per message.
-            # Shared files cannot call back into each worker: each sets its own counts, summed (livesum).
-            self._states_read = now
-            live = self.m["mcp_token_sessions"]
-            for session_side, server_label, counts in by_server(self._states(), self._server):
-                for state in BUDGET_STATES:
-                    live.labels(session_side, label_value(server_label), state).set(counts.get(state, 0))
+            self.write_readers(now)
 
-    def record_call(self, side: str, method: str, tool: str | None, server: str, call: CallInfo) -> None:
-        labels = label_values((side, server, method, tool))
-        if call.error_type is not None:
-            self.m["mcp_token_call_errors"].labels(*labels, label_value(call.error_type)).inc()
-        if call.duration is not None:
-            self.m["mcp_token_operation_duration_seconds"].labels(*labels).observe(call.duration)
+    def add_duration(self, ms: MessageSeries, seconds: float) -> None:
+        ms.duration.observe(seconds)
 
-    def record_transition(self, side: str, state: str, server: str) -> None:
-        self.m["mcp_token_session_transitions"].labels(side, label_value(server), state).inc()
+    def read_with(self, name: str, reader: Reader) -> None:
+        self.readers[name] = reader
 
-    def record_session_end(self, side: str, utilization: float, server: str, call: CallInfo) -> None:
-        self.m["mcp_token_session_utilization_ratio"].labels(side, label_value(server)).observe(utilization)
-        if call.duration is not None:
-            self.m["mcp_token_session_duration_seconds"].labels(side, label_value(server)).observe(call.duration)
+    def write_readers(self, now: float | None = None) -> None:
+        """Write the families read from their owner's state into this process's files (shared files cannot call
+        back into each process: each writes its own values, merged by the family's multiprocess mode)."""
+        self._readers_written = time.monotonic() if now is None else now
+        for name, reader in list(self.readers.items()):
+            metric = self.metrics.get(name)
+            if metric is None:
+                continue
+            for labels, value in reader():
+                child = self.child(name, labels)
+                if isinstance(metric, Counter):
+                    child._value.set(value)  # a cumulative count this process owns: its file holds the total
+                else:
+                    child.set(value)
 
-    def record_session_evicted(self, side: str, server: str) -> None:
-        self.m["mcp_token_sessions_evicted"].labels(side, label_value(server)).inc()
+    def values(self, name: str) -> Rows:
+        reader = self.readers.get(name)
+        if reader is not None:
+            return reader()
+        rows: Rows = []
+        for (child_name, labels), child in list(self._children.items()):
+            if child_name == name:
+                rows.append((label_values(labels), child._value.get()))
+        return rows
 
-    def record_unbudgeted(self, side: str, server: str, tokens: int) -> None:
-        self.m["mcp_token_unbudgeted_tokens"].labels(side, label_value(server)).inc(tokens)
-
-    def record_error(self, stage: str, server: str) -> None:
-        self.m["mcp_token_instrumentation_errors"].labels(label_value(stage), label_value(server)).inc()
-
-    def record_tool_definitions(self, server: str, total: int, per_tool: Mapping[str, int]) -> None:
-        self.m["mcp_token_tool_definitions_tokens"].labels(label_value(server)).set(total)
-        for tool, tokens in per_tool.items():
-            self.m["mcp_token_tool_definition_tokens"].labels(label_value(server), label_value(tool)).set(tokens)
-
-    def record_tool_profiles(self, server: str, parts: Mapping[str, int], static_max: Mapping[str, int]) -> None:
-        for part, tokens in parts.items():
-            self.m["mcp_token_tool_definitions_part_tokens"].labels(label_value(server), part).set(tokens)
-        for tool, tokens in static_max.items():
-            self.m["mcp_token_tool_static_max_tokens"].labels(label_value(server), label_value(tool)).set(tokens)
-
-    def record_prompt_cache_invalidation(self, side: str, server: str, resent_tokens: int) -> None:
-        self.m["mcp_token_prompt_cache_invalidations"].labels(side, label_value(server)).inc()
-        self.m["mcp_token_prompt_cache_resent_tokens"].labels(side, label_value(server)).inc(resent_tokens)
-
-    def record_wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
-        self.m["mcp_token_wasted_tokens"].labels(*label_values((side, server, tool, kind))).inc(tokens)
-
-    def guard_series(self, key: tuple[str, ...]) -> Any:
-        """The guard-action series of (side, server, policy, action, enforced, tool)."""
-        return self.m["mcp_token_guard_actions"].labels(*label_values(key))
-
-    def record_guard_action(
-        self, side: str, server: str, policy: str, action: str, enforced: bool, tool: str | None
-    ) -> None:
-        self.guard_series((side, server, policy, action, "true" if enforced else "false", tool or "")).inc()
-
-    def record_cost(self, side: str, server: str, tool: str | None, usd: float) -> None:
-        self.m["mcp_token_cost_usd"].labels(*label_values((side, server, tool))).inc(usd)
+    def present(self, family: Family) -> bool:
+        return family.key in self.readers or family.name in self.metrics or bool(family.sum_of)

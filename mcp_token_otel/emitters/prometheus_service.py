@@ -1,47 +1,58 @@
-"""Attach the Prometheus sink to a recorder and serve it: what ``instrument()`` and the demo call."""
+"""Serve a recorder's aggregate on /metrics: what ``instrument()``, the proxy and the demo call."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
 from ..config import Config, PrometheusConfig
+from .aggregate import Aggregate
 from .metrics_server import AsgiApp, BasicAuth, MetricsServer, WsgiApp, metrics_asgi_app, metrics_wsgi_app
-from .prometheus_metrics import PrometheusMetrics, multiprocess_mode, multiprocess_registry
-from .sink import MetricsSink
+from .prometheus_collector import PrometheusCollector
+from .prometheus_multiprocess import SharedFilesAggregate, multiprocess_registry
 
 logger = logging.getLogger(__name__)
 
 
 class Recorder(Protocol):
-    """What the Prometheus service needs of the recorder it feeds from (emitters import no recorder)."""
+    """What the Prometheus service needs of the recorder it serves (emitters import no recorder)."""
 
     @property
     def config(self) -> Config: ...
 
-    def session_states(self) -> Mapping[Any, Mapping[str, int]]: ...
-
-    def server_label(self) -> str: ...
-
-    def add_sink(self, sink: MetricsSink, *, inline: bool = False) -> None: ...
+    @property
+    def aggregate(self) -> Aggregate: ...
 
 
 @dataclass
 class PrometheusService:
-    """The sink feeding a recorder, the registry to serve, and the running server (if any)."""
+    """The registry to serve (the aggregate's collector, or the multiprocess files merged) and the running
+    server (if any)."""
 
-    metrics: PrometheusMetrics
     registry: CollectorRegistry
     auth: BasicAuth | None
+    collector: PrometheusCollector | None = None
     server: MetricsServer | None = None
 
-    def _render(self) -> Any:
-        # The fast renderer draws this sink's registry; multiprocess mode serves the merged one instead.
-        return self.metrics.exposition if self.registry is self.metrics.registry else None
+    def _render(self) -> Callable[[], bytes] | None:
+        # The fast renderer draws the aggregate's collector; multiprocess mode serves the merged files instead.
+        collector, registry = self.collector, self.registry
+        if collector is None:
+            return None
+        return lambda: collector.exposition(registry)
+
+    def exposition(self) -> bytes:
+        """What /metrics serves in the Prometheus text format."""
+        render = self._render()
+        if render is not None:
+            return render()
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
 
     def wsgi_app(self) -> WsgiApp:
         """/metrics as a WSGI app, to mount in an existing web server."""
@@ -58,31 +69,26 @@ class PrometheusService:
 
 
 def start_prometheus(recorder: Recorder, config: PrometheusConfig, *, serve: bool = True) -> PrometheusService:
-    """Feed ``recorder`` into prometheus-client families; with ``serve``, listen on config.host:port.
+    """Serve ``recorder``'s aggregate; with ``serve``, listen on config.host:port.
 
-    In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the served registry merges every worker.
-    Building the sink can raise (a multiprocess directory that does not exist): then nothing was attached.
-    A server that cannot start (port taken, unreadable TLS file) is logged, and the sink still feeds
+    In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set) the served registry merges every process's files.
+    A server that cannot start (port taken, unreadable TLS file) is logged, and the registry still feeds
     ``metrics_app()``.
     """
-    metrics = PrometheusMetrics(
-        states=recorder.session_states,
-        tool_output_rate_budget=config.tool_output_rate_budget,
-        service_output_rate_budget=config.service_output_rate_budget,
-        created_series=config.created_series,
-        server=recorder.server_label(),
-        input_histograms=recorder.config.metrics.input_histograms,
-    )
-    registry = multiprocess_registry() if multiprocess_mode() else metrics.registry
-    recorder.add_sink(metrics, inline=True)  # a dict increment a message; only once everything that can fail is built
     auth = BasicAuth(config.basic_auth_username, config.basic_auth_password) if config.basic_auth_username else None
-    service = PrometheusService(metrics, registry, auth)
+    if isinstance(recorder.aggregate, SharedFilesAggregate):
+        service = PrometheusService(multiprocess_registry(), auth)
+    else:
+        registry = CollectorRegistry()
+        collector = PrometheusCollector(recorder.aggregate, created_series=config.created_series)
+        registry.register(collector)
+        service = PrometheusService(registry, auth, collector)
     if serve:
         try:
             service.server = MetricsServer.start(
                 config.host,
                 config.port,
-                registry,
+                service.registry,
                 auth=auth,
                 tls_cert_file=config.tls_cert_file or None,
                 tls_key_file=config.tls_key_file or None,

@@ -8,7 +8,6 @@ only. Every name, help text, label name and bucket comes from the family's catal
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
@@ -19,26 +18,11 @@ from prometheus_client.utils import floatToGoString
 from ..catalog import Family
 from .aggregate import Count, Hist
 
-MAX_LABEL_CHARS = 128
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_MINUS_INF = float("-inf")
-#: A histogram family's rows as HistFamily.copy() returns them: (series, buckets, sum, count).
+#: A histogram family's rows as Aggregate.hists() returns them: (series, buckets, sum, count).
 HistRows = list[tuple[Hist, list[int], float, int]]
 #: Rows of a family read at scrape time (gauges, the overflow counts): (label values, value).
 PlainRows = list[tuple[tuple[str, ...], float]]
-
-
-def label_value(value: str | None) -> str:
-    """A safe label value: "" for none, valid UTF-8, no control characters, at most 128 characters."""
-    if not value:
-        return ""
-    text = value.encode("utf-8", "replace").decode("utf-8")
-    return _CONTROL.sub("_", text)[:MAX_LABEL_CHARS]
-
-
-def label_values(key: tuple[Any, ...]) -> tuple[str, ...]:
-    """A series key's label values, each made safe (a key's values may be None or a free-form name)."""
-    return tuple(label_value(v) for v in key)
+_MINUS_INF = float("-inf")
 
 
 def _escape_value(value: str) -> str:

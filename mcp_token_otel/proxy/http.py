@@ -28,6 +28,7 @@ import logging
 import signal
 import socket
 import ssl
+import sys
 import urllib.parse
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -101,6 +102,11 @@ class HttpProxy:
         ``/readyz`` 503 (a sidecar may start before its server)."""
         check_port_free(self.host, self.port, "the proxy")
 
+    def client_url(self) -> str:
+        """The URL clients use: this listener, at the upstream's path (requests are forwarded path and all)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}{self.url.path or '/'}"
+
     def run(self, telemetry: Any) -> int:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -113,7 +119,9 @@ class HttpProxy:
             raise StartupError(f"cannot listen for the proxy on {self.host}:{self.port}: {exc.strerror}") from None
         sock.listen(1024)
         self.port = sock.getsockname()[1]
-        logger.info("mcp-token-otel proxy: http://%s:%d -> %s", self.host, self.port, self.upstream)
+        # Always said: with port 0 this line is the only way to learn the port; the path is the upstream's.
+        print(f"mcp-token-otel proxy: listening on {self.client_url()} (upstream {self.upstream})",
+              file=sys.stderr, flush=True)
         relay = Relay(self, telemetry)
 
         async def main() -> None:

@@ -17,7 +17,6 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -26,9 +25,9 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import NoOpTracer, ProxyTracer, ProxyTracerProvider, Span, SpanKind, StatusCode
 
 from ..core.budget_key import MessageFacts, client_identity
-from ..core.measure import called_tool
-from ..recorder import TokenRecorder
-from ..semconv import A_ERROR_TYPE, A_PROTOCOL, call_attributes, span_name
+from ..core.protocol import CLIENT_INFO_META_KEY, is_modern, meta_of, request_version
+from ..recorder import Call, TokenRecorder
+from ..semconv import A_ERROR_TYPE, call_attributes, span_name
 from .measure_queue import MeasureQueue
 
 logger = logging.getLogger(__name__)
@@ -43,12 +42,6 @@ KINDS = ("request", "response", "notification", "invalid", "unmatched")
 A_SERVER_NAME = "mcp_token.server.name"
 
 LINES, BODY, SSE = "lines", "body", "sse"
-#: A 2026-era request names its protocol version in ``params._meta`` (sessionless: no initialize tells it).
-PROTOCOL_META_KEY = "io.modelcontextprotocol/protocolVersion"
-#: ... and its client (what ``initialize`` told before).
-CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
-#: The first protocol version whose results carry ``resultType`` (versions are dates: they compare as strings).
-RESULT_TYPE_SINCE = "2026-07-28"
 DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
 MAX_PENDING = 10_000
 
@@ -73,16 +66,6 @@ class ProxyStats:
         q = self.queue
         local = (q.dropped_chunks, q.dropped_bytes) if q is not None else (0, 0)
         return local[0] + self.remote_dropped[0], local[1] + self.remote_dropped[1]
-
-
-@dataclass
-class Pending:
-    span: Span | None
-    method: str
-    tool: str | None
-    started: int | None = None  # time_ns() the request went through (the operation duration's start)
-    arguments: Any = None  # guard mode: the call's arguments (the cap's pagination hint needs them)
-    key: str | None = None  # the budget the request counted toward: its answer counts toward it too
 
 
 class MessageStream:
@@ -219,7 +202,7 @@ class Tracker:
         self.transport = transport
         self.attributes = dict(attributes or {})
         self.protocol_version: str | None = None
-        self.pending: dict[tuple[str, tuple[str, Any]], Pending] = {}
+        self.pending: dict[tuple[str, tuple[str, Any]], Call] = {}
         #: Requests the relay injected a context into (--inject-trace-context): id -> (trace id, span id).
         self.injected: dict[tuple[str, Any], tuple[int, int]] = {}
         self.closed = False
@@ -266,8 +249,7 @@ class Tracker:
                 self._request(direction, method, message, now)
             else:
                 self.stats.count(direction, "notification")  # never enters the model's context: no budget
-                self.recorder.record_input(None, "proxy", method, message.get("params"), self.session_key,
-                                           budgeted=False)
+                self.recorder.notify("proxy", method, message.get("params"), self.session_key, at=now / 1e9)
             return None
         if "id" in message and ("result" in message or "error" in message):
             return self._response(direction, message, now)
@@ -285,29 +267,26 @@ class Tracker:
             return None
         self.stats.count(direction, "request")
         params = message.get("params")
-        meta = params.get("_meta") if isinstance(params, Mapping) else None
-        version = meta.get(PROTOCOL_META_KEY) if isinstance(meta, Mapping) else None
-        if not isinstance(version, str):
-            version = self.protocol_version
+        meta = meta_of(params)
+        version = request_version(params) or self.protocol_version
         if method == "initialize" and direction == C2S and isinstance(params, Mapping):
             self.client_info = params.get("clientInfo")
-        modern = isinstance(version, str) and version >= RESULT_TYPE_SINCE  # sessionless: no mcp.session.id
         attrs = call_attributes(
-            method, params, session_id=None if modern else self.session_id, request_id=message.get("id"),
-            protocol_version=version, transport=self.transport,
+            method, params, session_id=None if is_modern(version) else self.session_id,  # sessionless since 2026
+            request_id=message.get("id"), protocol_version=version, transport=self.transport,
         )
         attrs.update(self.attributes)
         forced = self.injected.pop(key, None) if direction == C2S and self.injected else None
         span = self._start_span(method, params, direction, attrs, now, forced)
-        rec = self.recorder
-        budget = self._budget_key(params, meta)
-        # Before the request is recorded: the session limit reads the budget as it stood before this call.
-        refusal = rec.guard_request(span, "proxy", method, params, budget) if refuse and direction == C2S else None
-        rec.record_input(span, "proxy", method, params, budget)
-        tool = called_tool(method, params)
+        call = self.recorder.begin("proxy", method, params, self._budget_key(params, meta), version=version)
+        call.span = span
+        call.transport = self.transport
+        # Before the request counts: the session limit reads the budget as it stood before this call.
+        refusal = call.guard() if refuse and direction == C2S else None
+        call.open(started=now / 1e9)
         if refusal is not None:  # answered by the proxy: the refusal is the call's output
-            refusal = self._envelope(refusal, params)
-            rec.record_output(span, "proxy", method, tool, result=refusal, session_id=budget, duration_s=0.0)
+            call.refused(at=now / 1e9)
+            call.close()
             self._end_span(span, now)
             return refusal
         pending_key = (direction, key)
@@ -317,9 +296,7 @@ class Tracker:
         elif len(self.pending) >= MAX_PENDING:
             oldest = next(iter(self.pending))
             self._abandon(self.pending.pop(oldest), now, "evicted")
-        arguments = params.get("arguments") if self.guard and tool is not None and isinstance(params, Mapping) \
-            else None
-        self.pending[pending_key] = Pending(span, method, tool, now, arguments, budget)
+        self.pending[pending_key] = call
         return None
 
     def _budget_key(self, params: Any, meta: Any) -> str | None:
@@ -332,17 +309,6 @@ class Tracker:
         return rec.budget_key(MessageFacts(session=self.session_key, params=params, headers=self.headers,
                                            client=client))
 
-    def _envelope(self, refusal: dict[str, Any], params: Any) -> dict[str, Any]:
-        """The refusal shaped as the request's protocol shapes a result: since 2026-07-28 a result carries its
-        ``resultType`` (the server would have added it; here the proxy answers)."""
-        meta = params.get("_meta") if isinstance(params, Mapping) else None
-        version = meta.get(PROTOCOL_META_KEY) if isinstance(meta, Mapping) else None
-        if not isinstance(version, str):
-            version = self.protocol_version
-        if isinstance(version, str) and version >= RESULT_TYPE_SINCE and "resultType" not in refusal:
-            return {**refusal, "resultType": "complete"}
-        return refusal
-
     def _response(self, direction: str, message: dict[str, Any], now: int) -> Any:
         """Pair a response with its request and record it. In guard mode a result goes through the guards
         (tools/list teaches them the tools): the result to deliver instead is returned (None: as it is)."""
@@ -353,29 +319,18 @@ class Tracker:
             self.stats.count(direction, "unmatched")
             return None
         self.stats.count(direction, "response")
-        rec = self.recorder
         error = message.get("error")
-        duration = max(0, now - pending.started) / 1e9 if pending.started is not None else None
         changed: Any = None
         if error is not None:
-            rec.record_output(pending.span, "proxy", pending.method, pending.tool, error=error,
-                              session_id=pending.key, duration_s=duration)
+            pending.error(error, at=now / 1e9)
         else:
             result = message.get("result")
-            if self.guard:  # every result a guard may change: what the counters say is what is delivered
-                _, deliver = rec.record_guarded_output(
-                    pending.span, "proxy", pending.method, pending.tool, result, pending.key,
-                    arguments=pending.arguments, duration_s=duration)
-                if deliver is not result:
-                    changed = deliver
-            else:
-                rec.record_output(pending.span, "proxy", pending.method, pending.tool, result=result,
-                                  session_id=pending.key, duration_s=duration)
-            if pending.method == "initialize" and isinstance(result, Mapping):
-                version = result.get("protocolVersion")
-                if isinstance(version, str):
-                    self.protocol_version = version
-                    rec.set_attributes(pending.span, {A_PROTOCOL: version})
+            deliver = pending.result(result, at=now / 1e9)  # the guards (guard mode) may change what is delivered
+            if deliver is not result:
+                changed = deliver
+            if pending.method == "initialize" and pending.version is not None:
+                self.protocol_version = pending.version
+        pending.close()
         self._end_span(pending.span, now)
         return changed
 
@@ -417,7 +372,8 @@ class Tracker:
         self.pending.clear()
         self.recorder.end_session("proxy", self.session_key)
 
-    def _abandon(self, pending: Pending, now: int, why: str) -> None:
+    def _abandon(self, pending: Call, now: int, why: str) -> None:
+        pending.close()  # unanswered: its request still counts toward its budget
         span = pending.span
         try:
             if span is not None and span.is_recording():

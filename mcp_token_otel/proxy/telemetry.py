@@ -7,15 +7,13 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import metrics, trace
-
-from ..catalog import Family, otel_families, prometheus_families
+from .. import catalog
 from ..config import Config
 from ..recorder import TokenRecorder
-from ..semconv import SCOPE_NAME
 from .jsonrpc import Measurer, ProxyStats
 from .startup import StartupError, check_port_free
 
@@ -37,6 +35,16 @@ def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], floa
     }
 
 
+def _read_stats(recorder: TokenRecorder, stats: ProxyStats) -> None:
+    """The catalog's proxy families, read from ``stats`` at collection (nothing on the relay path)."""
+    def reader(name: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        return lambda: _stats_rows(stats)[name]
+
+    for family in catalog.FAMILIES:
+        if family.emitter == "proxy":
+            recorder.aggregate.read_with(family.key, reader(family.key))
+
+
 def _attach(path: str, server_name: str) -> Any:
     """This process's share of the host store, or None (said once on stderr) when it cannot be used."""
     from ..emitters.host_store import StoreError, Writer
@@ -49,83 +57,39 @@ def _attach(path: str, server_name: str) -> Any:
         return None
 
 
-class _StatsCollector:
-    """The catalog's ``mcp_token_proxy_*`` families, read from :class:`ProxyStats` at scrape time (nothing on
-    the relay path)."""
+class _ReaderWrites:
+    """The families read from live state (the proxy's own counts, live sessions) written into the host store's
+    files soon after they change: at most every LINGER seconds, from a thread that sleeps while nothing does
+    (an idle proxy costs no wake-up), so a measuring process killed now loses at most that much of them."""
 
-    def __init__(self, stats: ProxyStats) -> None:
-        self.stats = stats
+    LINGER = 0.05
 
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.metrics_core import Metric
-        from prometheus_client.samples import Sample
-
-        rows = _stats_rows(self.stats)
-        for family in prometheus_families("proxy"):
-            metric = Metric(family.name, family.help, family.kind)
-            metric.samples += [Sample(family.sample_name, dict(zip(family.labels, values, strict=True)), value)
-                               for values, value in rows[family.name]]
-            yield metric
-
-
-def _otel_counters(stats: ProxyStats) -> None:
-    """The catalog's OpenTelemetry instruments of the proxy, observed from ``stats`` at collection."""
-    meter = metrics.get_meter(SCOPE_NAME)
-
-    def observer(family: Family) -> Callable[[Any], Iterable[metrics.Observation]]:
-        def observe(_options: Any) -> Iterable[metrics.Observation]:
-            for values, value in _stats_rows(stats)[family.name]:
-                yield metrics.Observation(value, dict(zip(family.attributes(), values, strict=True)))
-
-        return observe
-
-    for family in otel_families("proxy"):
-        meter.create_observable_counter(family.otel_name, [observer(family)], unit=family.otel_unit,
-                                        description=family.help)
-
-
-class _StatsFiles:
-    """The proxy's own families in the host store's files: :class:`ProxyStats` copied into prometheus-client
-    counters (what changed since the last copy) every second and at close, from a thread of its own."""
-
-    INTERVAL = 1.0
-
-    def __init__(self, stats: ProxyStats) -> None:
-        from prometheus_client import CollectorRegistry, Counter
-
-        self.stats = stats
-        registry = CollectorRegistry()  # never served: the values live in the files
-        self.counters = {f.name: Counter(f.name, f.help, list(f.labels), registry=registry)
-                         for f in prometheus_families("proxy")}
-        self.copied: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.sync()
-        self._thread = threading.Thread(target=self._run, name="mcp-token-otel-stats", daemon=True)
+    def __init__(self, write: Callable[[], None]) -> None:
+        self._write = write
+        self._changed = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mcp-token-otel-readers", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.INTERVAL):
-            self.sync()
+    def changed(self) -> None:
+        self._changed.set()
 
-    def sync(self) -> None:
-        with self._lock:
-            for name, rows in _stats_rows(self.stats).items():
-                counter = self.counters[name]
-                for values, value in rows:
-                    key = (name, values)
-                    delta = value - self.copied.get(key, 0)
-                    if delta > 0 or key not in self.copied:  # every series exists, at 0 from the start
-                        counter.labels(*values).inc(max(delta, 0))
-                        self.copied[key] = value
+    def _run(self) -> None:
+        while True:
+            self._changed.wait()
+            if self._stopping:
+                return
+            time.sleep(self.LINGER)
+            self._changed.clear()
+            try:
+                self._write()
+            except Exception:  # the recorder writes them again at close
+                logger.debug("mcp_token_otel proxy: writing the read families failed", exc_info=True)
 
     def close(self) -> None:
-        self._stop.set()
+        self._stopping = True
+        self._changed.set()
         self._thread.join(5)
-        self.sync()
 
 
 class Telemetry:
@@ -137,23 +101,22 @@ class Telemetry:
     def __init__(self, config: Config, server_name: str, *, metrics_host: str | None, metrics_port: int | None,
                  guard: bool = False, host_store: str | None = None):
         self.configured = False
-        self.writer: Any = None
-        self.stats_files: _StatsFiles | None = None
-        if host_store is not None:
-            self.writer = _attach(host_store, server_name)
+        # Before the recorder: its metrics go into the store's files when PROMETHEUS_MULTIPROC_DIR is set.
+        self.writer: Any = _attach(host_store, server_name) if host_store is not None else None
+        self._reader_writes: _ReaderWrites | None = None
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
             from ..emitters.otel_setup import configure_otel
 
-            self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME)
+            self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
+                                             shutdown_timeout=config.otel.shutdown_timeout_seconds)
         self.recorder = TokenRecorder(config, server_name=server_name)
         self.stats = ProxyStats(server_name)
+        _read_stats(self.recorder, self.stats)
         self.prometheus: Any = None
-        if self.writer is not None:
-            from ..emitters.prometheus_service import start_prometheus
-
-            self.prometheus = start_prometheus(self.recorder, config.prometheus, serve=False)
-            self.stats_files = _StatsFiles(self.stats)
+        write = getattr(self.recorder.aggregate, "write_readers", None)
+        if self.writer is not None and callable(write):
+            self._reader_writes = _ReaderWrites(write)
         elif metrics_port is not None or config.prometheus.enabled:
             from ..emitters.prometheus_service import start_prometheus
 
@@ -169,11 +132,6 @@ class Telemetry:
                 print(where, file=sys.stderr, flush=True)
             else:
                 logger.info(where)
-            self.prometheus.registry.register(_StatsCollector(self.stats))
-        try:
-            _otel_counters(self.stats)
-        except Exception:
-            logger.debug("mcp_token_otel proxy: no OTel proxy counters", exc_info=True)
         if guard:  # guards act on the relay path: measured there, at once (guard.py)
             from .guard import GuardMeasurer
 
@@ -182,9 +140,9 @@ class Telemetry:
             self.measurer = Measurer(self.recorder, self.stats)
 
     def sync_stats(self) -> None:
-        """The proxy's own counts into the host store now (when it writes there)."""
-        if self.stats_files is not None:
-            self.stats_files.sync()
+        """The proxy's counts changed (a record was measured): into the host store soon, when it writes there."""
+        if self._reader_writes is not None:
+            self._reader_writes.changed()
 
     @property
     def metrics_port(self) -> int | None:
@@ -192,18 +150,14 @@ class Telemetry:
         return getattr(server, "port", None)
 
     def close(self, timeout: float = 5.0) -> None:
+        """Measure what is left and stop serving. The OTLP providers are not shut down here: configure_otel's
+        exit hook does it, once (a second shutdown is an SDK warning on stderr), within
+        ``otel.shutdown_timeout_seconds``, flushing the spans and metrics the recorder has just ended."""
         self.measurer.close(timeout)
-        self.recorder.close()  # sessions still open end here: their utilization and duration are recorded
+        if self._reader_writes is not None:
+            self._reader_writes.close()
+        self.recorder.close()  # writes the read families (the proxy's counts, live sessions) a last time
         if self.prometheus is not None:
             self.prometheus.close()
-        if self.stats_files is not None:
-            self.stats_files.close()
         if self.writer is not None:
             self.writer.close()  # this process's figures into the store's archive
-        for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
-            shutdown = getattr(provider, "shutdown", None)
-            if self.configured and callable(shutdown):
-                try:
-                    shutdown()
-                except Exception:
-                    logger.debug("mcp_token_otel proxy: provider shutdown failed", exc_info=True)

@@ -33,7 +33,7 @@ def _write(value: Any, out: list[str], limit: int, depth: int) -> int:
         piece = json.dumps(value)
     elif depth >= _MAX_DEPTH:
         piece = '"…"'
-    elif isinstance(value, Mapping):
+    elif isinstance(value, (dict, Mapping)):
         return _write_mapping(value, out, limit, depth)
     elif isinstance(value, (list, tuple)):
         return _write_sequence(value, out, limit, depth)

@@ -10,15 +10,14 @@ a session's tool list, and output tokens that add nothing new.
   in the same session or conversation (its output is ``repeated``), and a structuredContent that repeats the
   text content (``duplicated``: the overhead core/measure.py already found; nothing is measured twice).
 
-Per-session state lives on the session's :class:`~.ledger.SessionMeta` and ends with it: one digest of the last
-tool list, and a small dict of recent call digests (at most ``MAX_RECENT``, pruned by age then oldest first).
-The call path costs one JSON dump and one hash per tools/call request, nothing when the window is 0.
+The digests of the last tool list and of the recent calls live in the budget store beside the budget (in memory,
+or in a Redis every replica shares), so a repeat or a changed list is seen wherever it lands. The call path costs
+one JSON dump and one digest per tools/call, nothing when the window is 0.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,13 +33,13 @@ from ..core.profiles import (
     profile_tool_definition,
     sum_parts,
 )
-from .fanout import SinkFanout
+from ..emitters.aggregate import Aggregate
+from ..store import stable_digest
 
 if TYPE_CHECKING:
+    from .label_bounds import LabelBounds
     from .ledger import SessionMeta
 
-#: Recent call digests kept per session, and tools with a repeated call awaiting its response.
-MAX_RECENT = 32
 #: One encoder, made once (json.dumps with options builds a new one per call).
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
@@ -56,8 +55,8 @@ class ToolList:
     parts: dict[str, int]
     #: The static worst case of each bounded tool (names within the bound).
     static_max: dict[str, int]
-    #: The tools as they enter the context, content and order (a hash: compared within a process only).
-    digest: int
+    #: The tools as they enter the context, content and order (a digest every process computes alike).
+    digest: bytes
     #: The result has a nextCursor: more pages follow.
     paged: bool
 
@@ -75,7 +74,7 @@ def _tool_costs(tool: Mapping[str, Any], estimator: Estimator) -> tuple[Definiti
 def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> ToolList | None:
     """Analyse a tools/list result (wire dict); None when it carries no ``tools`` list. The declared names become
     labels before their first call; per-tool figures only for names within the bound."""
-    tools = result.get("tools") if isinstance(result, Mapping) else None
+    tools = result.get("tools") if isinstance(result, (dict, Mapping)) else None
     if not isinstance(tools, list):
         return None
     costs: list[DefinitionParts] = []
@@ -84,7 +83,7 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
     seen: list[dict[str, Any]] = []
     overflow = tool_names.overflow
     for tool in tools:
-        if not isinstance(tool, Mapping):
+        if not isinstance(tool, (dict, Mapping)):
             continue
         cost, worst = _tool_costs(tool, estimator)
         costs.append(cost)
@@ -99,73 +98,62 @@ def tool_list(result: Any, estimator: Estimator, tool_names: NameLimiter) -> Too
                     static_max[label] = worst
     summed = sum_parts(costs)
     parts = {part: getattr(summed, part) for part in DEFINITION_PARTS}
-    digest = hash(_CANONICAL.encode(seen))
+    digest = stable_digest(_CANONICAL.encode(seen))
     return ToolList(summed.total, per_tool, parts, static_max, digest, bool(result.get("nextCursor")))
 
 
 class ContextCosts:
-    """Prompt-cache churn and wasted tokens per session, reported through the sink fan-out."""
+    """Prompt-cache churn and wasted tokens per session, counted in the aggregate. Whether a call repeats one and
+    whether a tool list changed is the budget store's answer (shared by every replica with a shared store): this
+    class says what to ask and counts what it answers."""
 
-    def __init__(self, repeat_window: float, fanout: SinkFanout, fault: Any) -> None:
+    def __init__(self, repeat_window: float, aggregate: Aggregate, labels: LabelBounds, fault: Any) -> None:
         self.window = repeat_window
-        self._fanout = fanout
+        self._aggregate = aggregate
+        self._labels = labels
         self._fault = fault
 
-    def call(self, meta: SessionMeta, tool: str | None, params: Any) -> None:
-        """A tools/call request: one digest of its tool and arguments; a repeat within the window is noted for
-        its response."""
-        if tool is None or not isinstance(params, Mapping):
-            return
-        arguments = params.get("arguments")
+    def call_digest(self, tool: str, arguments: Any) -> bytes | None:
+        """The digest of a tools/call (tool and arguments, canonical JSON) the store checks for a repeat; None when
+        the check is off (``metrics.repeat_window: 0``) or the arguments cannot be written as JSON."""
+        if not self.window:
+            return None
         try:
-            digest = hash((tool, _CANONICAL.encode(arguments) if arguments else ""))
+            return stable_digest(tool, _CANONICAL.encode(arguments) if arguments else "")
         except Exception:  # arguments JSON cannot hold (a circular structure): not compared
             self._fault("metrics")
-            return
-        now = time.monotonic()
-        recent = meta.recent
-        if recent is None:
-            recent = meta.recent = {}
-        last = recent.pop(digest, None)  # re-inserted below: the dict's order is the calls' order
-        if len(recent) >= MAX_RECENT:
-            _prune(recent, now - self.window)
-        recent[digest] = now
-        if last is not None and now - last <= self.window:
-            repeats = meta.repeats
-            if repeats is None:
-                repeats = meta.repeats = {}
-            if tool in repeats or len(repeats) < MAX_RECENT:
-                repeats[tool] = repeats.get(tool, 0) + 1
+            return None
 
-    def output(self, meta: SessionMeta | None, side: str, server: str, m: Measurement, tokens: int) -> None:
+    @staticmethod
+    def tools_digest(meta: SessionMeta | None, listed: ToolList) -> bytes | None:
+        """The tools/list digest the store compares with the session's previous list: a first page only (a page
+        after one with a nextCursor continues the same listing)."""
+        if meta is None:
+            return None
+        continuation, meta.tools_paged = meta.tools_paged, listed.paged
+        return None if continuation else listed.digest
+
+    def _wasted(self, side: str, server: str, tool: str | None, kind: str, tokens: int) -> None:
+        """Wasted output tokens of a tool, under its bounded label (admitted by the response just recorded)."""
+        try:
+            label = self._labels.tool_names(tool, False)
+        except Exception:
+            self._fault("metrics")
+            return
+        self._aggregate.add("mcp_token_wasted_tokens", (side, server, label or "", kind), tokens)
+
+    def output(self, side: str, server: str, m: Measurement, tokens: int, repeat: bool) -> None:
         """A tools/call result that entered the context with ``tokens``: its repeated and duplicated tokens."""
         tool = m.tool_name
-        repeats = meta.repeats if meta is not None else None
-        if repeats and tool in repeats:
-            left = repeats.pop(tool) - 1
-            if left:
-                repeats[tool] = left
-            self._fanout.wasted(side, server, tool, "repeated", tokens)
+        if repeat:
+            self._wasted(side, server, tool, "repeated", tokens)
         if len(m.blocks) > 1:
             for block in m.blocks:
                 if block.type == "structuredContent" and block.overhead_tokens:  # a duplicate is all overhead
-                    self._fanout.wasted(side, server, tool, "duplicated", min(block.overhead_tokens, tokens))
+                    self._wasted(side, server, tool, "duplicated", min(block.overhead_tokens, tokens))
 
-    def tool_list(self, meta: SessionMeta | None, side: str, server: str, listed: ToolList) -> None:
-        """A tools/list result in a session: a change against the session's previous list is counted. Only a
-        first page is compared (a page after one with a nextCursor continues the same listing)."""
-        if meta is None:
-            return
-        continuation, meta.tools_paged = meta.tools_paged, listed.paged
-        if continuation:
-            return
-        previous, meta.tools_digest = meta.tools_digest, listed.digest
-        if previous is not None and previous != listed.digest:
-            self._fanout.prompt_cache_invalidation(side, server, listed.total)
-
-
-def _prune(recent: dict[int, float], oldest: float) -> None:
-    """Drop digests older than ``oldest``; if none is, the oldest one (the dict is in call order)."""
-    stale = [digest for digest, at in recent.items() if at < oldest]
-    for digest in stale or [next(iter(recent))]:
-        del recent[digest]
+    def tool_list(self, side: str, server: str, listed: ToolList, changed: bool) -> None:
+        """A tools/list result whose tools differ from the session's previous list: counted, with its tokens."""
+        if changed:
+            self._aggregate.add("mcp_token_prompt_cache_invalidations", (side, server))
+            self._aggregate.add("mcp_token_prompt_cache_resent_tokens", (side, server), listed.total)

@@ -2,26 +2,28 @@
 
 Request-side guards may answer a call in the tool's place; result-side guards may change what is delivered
 (truncation, padding notices) and say what enters the context. Each action becomes a span event and a
-``record_guard_action`` point; the estimated price of a result (``guard.model``) a ``record_cost`` point.
+``mcp_token_guard_actions`` count; the estimated price of a result (``guard.model``) a ``mcp_token_cost_usd`` one.
 Never raises: a fault is counted (stage ``guard``) and the call goes on unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Span
 
 from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from ..core.guard.settings import GuardSettings
 from ..core.measure import Measurement, Policy
+from ..emitters.aggregate import Aggregate
 from ..semconv import EVENT_GUARD
-from .fanout import SinkFanout
-from .labels import LabelBounds
+from .label_bounds import LabelBounds
 from .ledger import SessionLedger, Side
-from .response import Response
 from .spans import enabled
+
+if TYPE_CHECKING:
+    from .call import Call
 
 #: (side, server, tool) triples whose guard series were started at 0; cleared past this many.
 _MAX_TOUCHED = 10_000
@@ -29,13 +31,29 @@ _MAX_TOUCHED = 10_000
 
 def is_refusal(result: Any) -> bool:
     """A guard's own refusal (its _meta carries the guard key): recorded as the output, never guarded again."""
-    meta = result.get("_meta") if isinstance(result, Mapping) else None
-    return isinstance(meta, Mapping) and META_GUARD_KEY in meta
+    meta = result.get("_meta") if isinstance(result, (dict, Mapping)) else None
+    return isinstance(meta, (dict, Mapping)) and META_GUARD_KEY in meta
 
 
-def _rate_key(side: str, session_id: str) -> str:
+def _rate_key(side: str, key: str) -> str:
     """The rate limiter's key: per side, so an in-process client and server never count one call twice."""
-    return f"{side}:{session_id}"
+    return f"{side}:{key}"
+
+
+class SharedRate:
+    """The rate limit over a shared budget store: one sliding window per session or conversation for every
+    replica."""
+
+    def __init__(self, ledger: SessionLedger, limit: int) -> None:
+        self._ledger = ledger
+        self._limit = limit
+
+    def hit(self, key: str, *, record_over: bool = False, now: float | None = None) -> tuple[bool, int]:
+        count = self._ledger.rate("guard", key, 60.0, self._limit, record_over)  # type: ignore[arg-type]
+        return count <= self._limit, count
+
+    def forget(self, key: str) -> None:
+        """The window ends by itself (its keys expire)."""
 
 
 class GuardOrchestrator:
@@ -46,16 +64,20 @@ class GuardOrchestrator:
         settings: GuardSettings,
         policy: Policy,
         max_sessions: int,
-        parts: tuple[SessionLedger, LabelBounds, SinkFanout],
+        parts: tuple[SessionLedger, LabelBounds, Aggregate, Callable[[str], None]],
     ) -> None:
-        self.engine = GuardEngine(settings, policy, max_sessions=max_sessions)
+        ledger = parts[0]
+        self.engine = GuardEngine(settings, policy, max_sessions=max_sessions,
+                                  limiter=SharedRate(ledger, settings.calls_per_minute) if ledger.shared else None)
+        #: The policies that read a session's budget (a shared store is asked only for them).
+        self._budget_on_request = settings.session_hard_limit
+        self._budget_on_result = settings.session_warning_note
         #: False when no guard mode is on anywhere: adapters skip every guard step (one bool check).
         self.active = self.engine.active
         self.sides = frozenset(settings.sides)
         #: Cost is observability: computed whenever guard.model is set, guard on or off.
         self.cost_on = bool(settings.model)
-        self._ledger, self._labels, self._fanout = parts
-        self._fault: Callable[[str], None] = self._fanout.fault
+        self._ledger, self._labels, self._aggregate, self._fault = parts
         #: The refusal and padding policies switched on: their series start at 0 per (side, server, tool).
         self._zero: tuple[str, ...] = tuple(
             name for name, on in (
@@ -68,7 +90,7 @@ class GuardOrchestrator:
         self._touched: set[tuple[str, str, str | None]] = set()
 
     def request(
-        self, span: Span | None, side: Side, method: str, params: Any, session_id: str | None, server: str | None
+        self, span: Span | None, side: Side, method: str, params: Any, key: str | None, server: str | None
     ) -> dict[str, Any] | None:
         """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead."""
         if not self.active or side not in self.sides or not enabled():
@@ -77,36 +99,37 @@ class GuardOrchestrator:
             decision = self.engine.on_request(
                 method,
                 params,
-                session_id=_rate_key(side, session_id) if session_id is not None else None,
-                budget=self._ledger.budget(side, session_id),
+                session_id=_rate_key(side, key) if key is not None else None,
+                budget=self._ledger.budget(side, key) if self._budget_on_request else None,
             )
         except Exception:
             self._fault("guard")
             return None
         if decision.actions or method == "tools/call":
-            label = self._labels.server(self._ledger.find_meta(side, session_id), server)
+            label = self._labels.server(self._ledger.find_meta(side, key), server)
             if method == "tools/call":
                 self._series(side, label, params)
             if decision.actions:
                 self.signals(span, side, decision.actions, None, label)
         return None if decision.allow else decision.result
 
-    def result(self, r: Response, m: Measurement) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
-        """The result-side guards on a measured result: (result to deliver, actions, tokens entering the
+    def result(self, call: Call, result: Any, m: Measurement) -> tuple[Any, tuple[GuardAction, ...], int, float | None]:
+        """The result-side guards on a call's measured result: (result to deliver, actions, tokens entering the
         context, cost). A fault delivers the result unchanged."""
         try:
             outcome = self.engine.on_result(
-                r.method,
-                r.result,
-                tool=r.tool_name,
-                arguments=r.arguments,
-                budget=self._ledger.budget(r.side, r.session_id),
+                call.method,
+                result,
+                tool=call.tool,
+                arguments=call.arguments,
+                budget=(self._ledger.budget(call.side, call.key, call.pending_tokens) if self._budget_on_result
+                        else None),
                 measurement=m,
-                session_id=_rate_key(r.side, r.session_id) if r.session_id is not None else None,  # its calls
+                session_id=_rate_key(call.side, call.key) if call.key is not None else None,  # its calls
             )
         except Exception:
             self._fault("guard")
-            return r.result, (), m.total_tokens, self.cost(m.total_tokens)
+            return result, (), m.total_tokens, self.cost(m.total_tokens)
         tokens = outcome.context_tokens if outcome.context_tokens is not None else m.total_tokens
         return outcome.result, outcome.actions, tokens, outcome.cost_usd
 
@@ -120,11 +143,11 @@ class GuardOrchestrator:
             self._fault("guard")
             return None
 
-    def end_session(self, side: Side, session_id: str) -> None:
+    def end_session(self, side: Side, key: str) -> None:
         if not self.active:
             return
         try:
-            self.engine.end_session(_rate_key(side, session_id))
+            self.engine.end_session(_rate_key(side, key))
         except Exception:
             self._fault("guard")
 
@@ -150,20 +173,21 @@ class GuardOrchestrator:
             except Exception:
                 self._fault("metrics")
                 continue
-            self._fanout.guard_action(side, server, action.policy, action.action, action.enforced, tool)
+            self._aggregate.add("mcp_token_guard_actions", (side, server, action.policy, action.action,
+                                                            "true" if action.enforced else "false", tool or ""))
         if cost is not None:
             try:
                 tool = tool_names(cost[0], False)
             except Exception:
                 self._fault("metrics")
                 return
-            self._fanout.cost(side, server, tool, cost[1])
+            self._aggregate.add("mcp_token_cost_usd", (side, server, tool or ""), cost[1])
 
     def _series(self, side: Side, server: str, params: Any) -> None:
         """A tool's first guarded call (per side and server): its refusal and padding series start at 0, so that
         alert rules taking increase() see the first refusal (a series born with it has no earlier sample)."""
         try:
-            name = params.get("name") if isinstance(params, Mapping) else None
+            name = params.get("name") if isinstance(params, (dict, Mapping)) else None
             if not isinstance(name, str) or not self._zero:
                 return
             tool = self._labels.tool_names(name, False)
@@ -176,9 +200,10 @@ class GuardOrchestrator:
             tp = self.engine.tool_policy(name)
             if not tp.active:
                 return
-            series = [(p, "found" if p == "padding" else "refused", tp.enforce) for p in self._zero
-                      if p != "padding" or tp.padding]
+            for policy in self._zero:
+                if policy != "padding" or tp.padding:
+                    action = "found" if policy == "padding" else "refused"
+                    self._aggregate.touch("mcp_token_guard_actions", (side, server, policy, action,
+                                                                      "true" if tp.enforce else "false", tool or ""))
         except Exception:
             self._fault("metrics")
-            return
-        self._fanout.touch_guard(side, server, tool, series)

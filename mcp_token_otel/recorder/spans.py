@@ -14,10 +14,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
-from ..core.budget import BudgetUpdate
 from ..core.measure import Measurement, Policy
 from ..core.risk import BREACH_TIERS
-from ..emitters.sink import CallInfo
 from ..semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
@@ -28,7 +26,6 @@ from ..semconv import (
     A_OUTPUT_TOKENS,
     A_OVERHEAD_RATIO,
     A_OVERHEAD_TOKENS,
-    A_PROTOCOL,
     A_RESOURCE_URI,
     A_RESULT,
     A_RISK_TIER,
@@ -37,13 +34,12 @@ from ..semconv import (
     A_SESSION_UTILIZATION,
     A_STATUS_CODE,
     A_TOOL_DEFINITION_TOKENS,
-    A_TRANSPORT,
     EVENT_BUDGET,
     EVENT_RISK,
 )
+from ..store import SharedAnswer
 from .bounded_json import truncate
 from .context_costs import ToolList
-from .response import Response
 
 #: The GenAI conventions' content-capture switch, honoured beside ``spans.capture_content``.
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -79,17 +75,17 @@ def _status_unset(span: Span) -> bool:
 def status_description(m: Measurement, result: Any, error: Any) -> str:
     """A short status description: the JSON-RPC error's code and message, or the tool error's first text."""
     if m.error_type == "tool_error":
-        content = result.get("content") if isinstance(result, Mapping) else None
+        content = result.get("content") if isinstance(result, (dict, Mapping)) else None
         first = content[0] if isinstance(content, list) and content else None
-        text = first.get("text") if isinstance(first, Mapping) else None
+        text = first.get("text") if isinstance(first, (dict, Mapping)) else None
         return f"tool_error: {text[:200]}" if isinstance(text, str) and text else "tool_error"
-    message = error.get("message") if isinstance(error, Mapping) else getattr(error, "message", None)
+    message = error.get("message") if isinstance(error, (dict, Mapping)) else getattr(error, "message", None)
     return f"{m.error_type}: {message[:200]}" if isinstance(message, str) and message else str(m.error_type)
 
 
 def _content(result: Any) -> Any:
     """What of a tools/call result is captured: its content blocks (or the whole result when it has none)."""
-    return result.get("content", result) if isinstance(result, Mapping) else result
+    return result.get("content", result) if isinstance(result, (dict, Mapping)) else result
 
 
 def _risk_event(span: Span, m: Measurement) -> None:
@@ -100,7 +96,7 @@ def _risk_event(span: Span, m: Measurement) -> None:
     span.add_event(EVENT_RISK, event)
 
 
-def _budget_events(span: Span, update: BudgetUpdate) -> None:
+def _budget_events(span: Span, update: SharedAnswer) -> None:
     for state in update.transitions:
         span.add_event(
             EVENT_BUDGET,
@@ -168,52 +164,45 @@ class SpanAnnotator:
         method: str,
         params: Any,
         m: Measurement,
-        update: BudgetUpdate | None,
         attributes: Mapping[str, Any] | None,
-        hold: dict[str, Any] | None,
+        hold: dict[str, Any],
     ) -> None:
-        """A request's tokens (and the adapter's ``attributes``) in one set_attributes call, or into ``hold``."""
+        """A request's tokens (and the adapter's ``attributes``) into ``hold``: set with the answer's, in one
+        call into the span."""
         try:
             if not span.is_recording():
                 return
-            attrs: dict[str, Any] = dict(attributes) if attributes else {}
-            attrs[A_INPUT_TOKENS] = m.total_tokens
-            attrs[A_ESTIMATOR] = self.policy.estimator_name
-            if self.capture and method == "tools/call" and isinstance(params, Mapping):
-                attrs[A_ARGUMENTS] = truncate(params.get("arguments"), self._max_chars)
-            elif method.startswith("resources/") and isinstance(params, Mapping):
+            if attributes:
+                hold.update(attributes)
+            hold[A_INPUT_TOKENS] = m.total_tokens
+            hold[A_ESTIMATOR] = self.policy.estimator_name
+            if self.capture and method == "tools/call" and isinstance(params, (dict, Mapping)):
+                hold[A_ARGUMENTS] = truncate(params.get("arguments"), self._max_chars)
+            elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
                 uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
                 if isinstance(uri, str):
-                    attrs[A_RESOURCE_URI] = uri
-            if update is not None and update.transitions:  # the state entered is news: say it now
-                attrs[A_SESSION_TOKENS] = update.tokens
-                attrs[A_SESSION_UTILIZATION] = update.utilization
-                attrs[A_SESSION_STATE] = update.state
-                _budget_events(span, update)
-            if hold is not None:
-                hold.update(attrs)
-            else:
-                span.set_attributes(attrs)
+                    hold[A_RESOURCE_URI] = uri
         except Exception:
             self._fault("span")
 
     def response(
         self,
-        r: Response,
+        span: Span,
+        method: str,
         m: Measurement,
-        update: BudgetUpdate | None,
+        update: SharedAnswer | None,
         definitions: ToolList | None,
         cost: float | None,
-        call: CallInfo,
+        result: Any,
+        error: Any,
+        held: dict[str, Any],
     ) -> None:
-        """A response's tokens, status and events on ``r.span`` (with the request's held attributes, which are
-        older); a timed call also reads the conventions' transport and protocol from the span into ``call``."""
-        span = r.span
+        """An answer's tokens, status and events on ``span``, with the request's ``held`` attributes (which are
+        older), in one call into the span."""
         try:
-            if span is None or not span.is_recording():
+            if not span.is_recording():
                 return
-            held = r.held
-            attrs: dict[str, Any] = held if held is not None else {}
+            attrs = held
             attrs[A_OUTPUT_TOKENS] = m.total_tokens
             attrs[A_OVERHEAD_TOKENS] = m.overhead_tokens
             attrs[A_OVERHEAD_RATIO] = m.overhead_ratio
@@ -231,21 +220,14 @@ class SpanAnnotator:
                 attrs[A_TOOL_DEFINITION_TOKENS] = definitions.total
             if cost is not None:
                 attrs[A_COST_USD] = cost
-            if self.capture and m.method == "tools/call" and r.result is not None:
-                attrs[A_RESULT] = truncate(_content(r.result), self._max_chars)
+            if self.capture and method == "tools/call" and result is not None:
+                attrs[A_RESULT] = truncate(_content(result), self._max_chars)
             span.set_attributes(attrs)
-            if held:
-                held.clear()  # on the span now: the adapter has nothing left to set
             if m.error_type is not None and _status_unset(span):
-                span.set_status(StatusCode.ERROR, status_description(m, r.result, r.error))
+                span.set_status(StatusCode.ERROR, status_description(m, result, error))
             if m.risk_tier in BREACH_TIERS:
                 _risk_event(span, m)
             if update is not None:
                 _budget_events(span, update)
-            if call.duration is not None:  # the conventions' metric attributes the span already carries
-                span_attrs = getattr(span, "attributes", None)
-                if isinstance(span_attrs, Mapping):
-                    call.transport = span_attrs.get(A_TRANSPORT)
-                    call.protocol = span_attrs.get(A_PROTOCOL)
         except Exception:
             self._fault("span")

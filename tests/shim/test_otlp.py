@@ -101,9 +101,10 @@ def _recorder_call(recorder: TokenRecorder, n: int) -> None:
 
     params = {"name": "big", "arguments": {"n": n}}
     span = recorder.start_span("tools/call big", SpanKind.CLIENT, {"mcp.method.name": "tools/call"})
-    recorder.record_input(span, "client", "tools/call", params, "sess")
-    result = {"content": [{"type": "text", "text": "x" * n}]}
-    recorder.record_output(span, "client", "tools/call", "big", result=result, session_id="sess")
+    call = recorder.begin("client", "tools/call", params, "sess")
+    call.open(span)
+    call.result({"content": [{"type": "text", "text": "x" * n}]})
+    call.close()
     recorder.end_span(span)
 
 

@@ -16,7 +16,8 @@ from mcp_token_otel.core.measure import Policy
 from mcp_token_otel.core.risk import BREACH_TIERS
 from mcp_token_otel.recorder import TokenRecorder
 
-from ..faults import BrokenMeterProvider, BrokenSink, raising_estimator
+from ..faults import BrokenMeterProvider, break_aggregate, raising_estimator
+from ..support import scrape
 from .conftest import Otel, make_config
 
 
@@ -31,8 +32,10 @@ def new_recorder(otel: Otel, **config: Any) -> TokenRecorder:
 def one_call(rec: TokenRecorder, text: str, tool: str = "big", session: str | None = "s1", **kw: Any) -> None:
     span = rec.start_span(f"tools/call {tool}", SpanKind.CLIENT)
     params = {"name": tool, "arguments": {"q": "abcd" * 4}}
-    rec.record_input(span, "client", "tools/call", params, session)
-    rec.record_output(span, "client", "tools/call", tool, result=tool_result(text, **kw), session_id=session)
+    call = rec.begin("client", "tools/call", params, session)
+    call.open(span)
+    call.result(tool_result(text, **kw))
+    call.close()
     rec.end_span(span)
 
 
@@ -75,9 +78,15 @@ def test_jsonrpc_error(otel: Otel) -> None:
     rec = new_recorder(otel)
     span = rec.start_span("tools/call x", SpanKind.SERVER)
     error = {"code": -32602, "message": "Invalid params"}
-    m = rec.record_output(span, "server", "tools/call", "x", error=error, session_id="s")
+    measured: list[Any] = []
+    rec.listeners.append(lambda _call, m: measured.append(m))
+    call = rec.begin("server", "tools/call", {"name": "x"}, "s")
+    call.open(span)
+    call.error(error)
+    call.close()
     rec.end_span(span)
-    assert m is not None and m.error_type == "-32602"
+    (m,) = measured
+    assert m.error_type == "-32602"
     (s,) = otel.spans()
     assert s.attributes["error.type"] == "-32602"
     assert s.attributes["rpc.response.status_code"] == "-32602"
@@ -151,16 +160,6 @@ def test_capture_content_truncated(otel: Otel) -> None:
     assert len(span.attributes["gen_ai.tool.call.result"]) == 10
 
 
-
-
-
-
-
-
-
-
-
-
 def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
     rec = new_recorder(otel)
     rec.policy = Policy(estimator=raising_estimator, estimator_name="broken")
@@ -169,18 +168,35 @@ def test_faults_never_raise_and_are_counted(otel: Otel) -> None:
     errors = otel.metrics()["mcp_token.instrumentation.errors"]
     assert {p.attributes["mcp_token.stage"]: p.value for p in errors} == {"estimate": 2}
 
+
+def test_a_failing_metrics_store_never_raises_and_is_counted(otel: Otel) -> None:
     rec = new_recorder(otel)
-    rec.add_sink(BrokenSink())
+    break_aggregate(rec)  # every write into the one aggregate the emitters read raises
     one_call(rec, "text")
-    rec.flush()  # a user sink runs off the call path: its faults surface when its calls are replayed
     assert rec.error_counts["metrics"] >= 2
 
+    rec = new_recorder(otel)
+    break_aggregate(rec, ("add_message", "add_duration", "observe"))  # the message path only: faults still counted
+    one_call(rec, "text")
+    assert rec.error_counts["metrics"] >= 2
+    assert scrape(rec).value("mcp_token_instrumentation_errors_total", stage="metrics") == rec.error_counts["metrics"]
+
+
+def test_a_failing_meter_never_raises_and_is_counted(otel: Otel) -> None:
     rec = TokenRecorder(make_config(), otel.tracer_provider, BrokenMeterProvider())
     one_call(rec, "text")
     one_call(rec, "text")
-    rec.flush()  # meter points are recorded off the call path: their faults surface when replayed
+    rec.flush()
     assert rec.error_counts["metrics"] >= 2
-    assert rec.record_output(None, "client", "tools/call", None, result=object()) is not None
+
+
+def test_odd_calls_never_raise(otel: Otel) -> None:
+    rec = new_recorder(otel)
+    odd = object()  # a result no measurement can read
+    call = rec.begin("client", "tools/call", {}, None)
+    call.open()
+    assert call.result(odd) is odd  # handed on as it came
+    call.close()
     rec.end_session("server", "never-seen")
     rec.end_span(None)
 
@@ -189,10 +205,12 @@ def test_otel_metrics_carry_the_same_families_as_the_prometheus_endpoint(otel: O
     """Through a Collector the dashboards and alerts need tokens, live sessions and the budgets too."""
     rec = TokenRecorder(make_config(prometheus={"tool_output_rate_budget": 42}), otel.tracer_provider,
                         otel.meter_provider)
-    rec.record_output(None, "server", "tools/call", "t", result={"content": [{"type": "text", "text": "x" * 40}]},
-                      session_id="s1")
+    call = rec.begin("server", "tools/call", {"name": "t"}, "s1")
+    call.open()
+    call.result({"content": [{"type": "text", "text": "x" * 40}]})
+    call.close()
     found = otel.metrics()
-    (total,) = found["mcp_token.tokens"]
+    (total,) = [p for p in found["mcp_token.tokens"] if p.attributes["mcp_token.direction"] == "output"]
     assert total.value >= 10 and "mcp_token.risk_tier" not in total.attributes
     assert total.attributes["gen_ai.tool.name"] == "t" and total.attributes["mcp_token.direction"] == "output"
     sessions = {(p.attributes["mcp_token.side"], p.attributes["mcp_token.session.state"]): p.value
@@ -207,7 +225,10 @@ def test_failing_tool_names_cannot_use_up_the_label_places(otel: Otel) -> None:
     rec = new_recorder(otel, metrics={"max_tool_names": 8})
     for i in range(10):  # an agent inventing tools: every call fails
         one_call(rec, "unknown tool", tool=f"made_up_{i}", session=None, is_error=True)
-    rec.record_output(None, "client", "tools/list", None, result={"tools": [{"name": "declared"}]})
+    listing = rec.begin("client", "tools/list", {}, None)
+    listing.open()
+    listing.result({"tools": [{"name": "declared"}]})
+    listing.close()
     for tool in ("declared", "search", "fetch", "third", "fourth"):
         one_call(rec, "ok", tool=tool, session=None)
     tools = {p.attributes.get("gen_ai.tool.name") for p in otel.metrics()["mcp_token.message.tokens"]
@@ -226,23 +247,30 @@ LATE_METER_PROVIDER = textwrap.dedent(
     from mcp_token_otel.recorder import TokenRecorder
     result = {"content": [{"type": "text", "text": "word " * 50}]}
     recorder = TokenRecorder()
-    before = len(recorder.sinks)
-    recorder.record_output(None, "server", "tools/call", "t", result=result, session_id="s")
+
+    def call():
+        c = recorder.begin("server", "tools/call", {"name": "t"}, "s")
+        c.open()
+        c.result(result)
+        c.close()
+
+    call()
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    recorder.record_output(None, "server", "tools/call", "t", result=result, session_id="s")
+    call()
     data = reader.get_metrics_data()
     points = {m.name: m.data.data_points for rm in data.resource_metrics for sm in rm.scope_metrics
               for m in sm.metrics}
-    print(json.dumps({"before": before, "after": len(recorder.sinks),
-                      "tokens": sum(p.count for p in points["mcp_token.message.tokens"]),
+    print(json.dumps({"tokens": sum(p.count for p in points["mcp_token.message.tokens"]),
                       "responses": sum(p.value for p in points["mcp_token.responses"])}))
     """
 )
 
 
-def test_no_meter_provider_no_otel_sink_until_one_is_set() -> None:
+def test_a_meter_provider_set_later_is_picked_up() -> None:
     # The global MeterProvider can be set once per process: a fresh interpreter.
     out = subprocess.run([sys.executable, "-c", LATE_METER_PROVIDER], check=True, capture_output=True, timeout=120)
-    # Nothing recorded into the API's proxy; from the first message after one is set, everything.
-    assert json.loads(out.stdout) == {"before": 0, "after": 1, "tokens": 1, "responses": 1}
+    # The instruments made on the API's proxy turn real once a provider is set. Histogram points are recorded in
+    # the call: only the message after it. Counters are read from the shared aggregate at collection (a behaviour
+    # change of the one-aggregate design): they count every message, as /metrics does.
+    assert json.loads(out.stdout) == {"tokens": 1, "responses": 2}

@@ -5,7 +5,8 @@ results and errors must be identical. The script covers text, isError results, a
 by a tool (``MCPError`` with its code and data), unknown tools, invalid arguments, a missing resource,
 image, embedded and linked resources, ``_meta``, ``structuredContent`` and a 1 MB result. Faults:
 the estimator, a span processor, the exporters built by the project's own ``configure_otel``, the
-meter, a sink that raises, a slow sink, the budget registry and the Prometheus sink. Transports:
+meter, the metrics aggregate raising, a listener that raises, a slow aggregate, the budget registry and
+prometheus-client's multiprocess storage raising. Transports:
 in-memory (direct "auto" and JSON-RPC "legacy"), a stdio subprocess and streamable HTTP.
 """
 
@@ -28,21 +29,24 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from mcp_token_otel.core.measure import Policy
-from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
+from mcp_token_otel.emitters.prometheus_multiprocess import SharedFilesAggregate
+from mcp_token_otel.instrumentation import instrument, uninstrument
 
 from ..faults import (
-    BlockingSink,
+    BlockingMeterProvider,
     BrokenMeterProvider,
-    BrokenSink,
     RaisingExporter,
+    RaisingListener,
     RaisingProcessor,
-    SlowSink,
+    SlowAggregate,
+    break_aggregate,
     break_budgets,
     break_prometheus,
     otel_pipeline_with_failing_exporters,
     raising_estimator,
+    shared_files_mode,
 )
-from ..support import ROOT
+from ..support import ROOT, scrape
 from .conftest import Otel, free_port, make_config
 
 SERVER_SCRIPT = Path(__file__).parent / "servers" / "fault_server.py"
@@ -55,7 +59,8 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     ("text", {"n": 10}), ("boom", {}), ("rpc_error", {}), ("image", {}), ("resources", {}), ("meta", {}),
     ("structured", {"n": 20}), ("large", {}), ("nope", {}), ("text", {"n": "not a number"}), ("text", {"n": 500}),
 ]
-FAULTS = ["estimator", "span_processor", "exporter", "meter", "sink", "slow_sink", "budget", "prometheus"]
+FAULTS = ["estimator", "span_processor", "exporter", "meter", "aggregate", "listener", "slow_aggregate", "budget",
+          "prometheus"]
 TRANSPORTS = ["memory-auto", "memory-legacy", pytest.param("stdio", marks=pytest.mark.slow), "http"]
 
 
@@ -131,8 +136,8 @@ def baseline(transport: str) -> list[Any]:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("fault", FAULTS)
-def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, transport: str,
-                                      fault: str) -> None:
+def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                      transport: str, fault: str) -> None:
     expected = baseline(transport)
     tracer_provider: Any = otel.tracer_provider
     meter_provider: Any = otel.meter_provider
@@ -145,20 +150,26 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
         tracer_provider, meter_provider = pipeline[0], pipeline[1]
     elif fault == "meter":
         meter_provider = BrokenMeterProvider()
+    elif fault == "prometheus":
+        shared_files_mode(monkeypatch, tmp_path)
     config = make_config(prometheus={"enabled": True, "port": 0} if fault == "prometheus" else {})
     recorder = instrument(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
-    slow = SlowSink()
+    slow: SlowAggregate | None = None
+    listener = RaisingListener()
     if fault == "estimator":
         recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
-    elif fault == "sink":
-        recorder.add_sink(BrokenSink())
-    elif fault == "slow_sink":
-        recorder.add_sink(slow)
+    elif fault == "aggregate":
+        break_aggregate(recorder)
+    elif fault == "listener":
+        recorder.listeners.append(listener)
+    elif fault == "slow_aggregate":
+        slow = SlowAggregate(recorder)
     elif fault == "budget":
         break_budgets(recorder)
     elif fault == "prometheus":
-        assert break_prometheus(prometheus_service().metrics) >= 5
+        assert isinstance(recorder.aggregate, SharedFilesAggregate)  # prometheus-client's values on the call path
+        break_prometheus(monkeypatch)
     try:
         got, server_errors = session(transport, server_fault=fault)
     finally:
@@ -167,8 +178,8 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
     errors = recorder.error_counts
     own_spans = transport == "memory-auto"  # the shim's own client spans, from the test's tracer provider
     if transport == "stdio":  # the server side ran in the subprocess, with the same fault
-        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "sink": "metrics",
-                 "budget": "budget", "prometheus": "metrics"}.get(fault)
+        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "aggregate": "metrics",
+                 "listener": "metrics", "budget": "budget", "prometheus": "metrics"}.get(fault)
         if stage:
             assert server_errors.get(stage, 0) > 0, server_errors
         else:
@@ -188,34 +199,53 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
         assert "span" not in errors  # ...and the calls never saw it
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    elif fault in ("meter", "sink", "prometheus"):
+    elif fault in ("meter", "aggregate", "prometheus"):
         assert errors["metrics"] > 0
-    elif fault == "slow_sink":
-        assert slow.calls > 0 and not errors
+    elif fault == "listener":
+        assert listener.calls > 0 and errors["metrics"] == listener.calls  # each raise counted, none escaped
+    elif fault == "slow_aggregate":
+        assert slow is not None and slow.calls > 0 and not errors
     elif fault == "budget":
         # stdio and HTTP clients and every server have a session to budget; in-process "auto" clients too
         assert errors["budget"] > 0
+    # Every fault counted in process is on the metrics too (with the metrics store itself broken, error_counts is
+    # the one record). The broken budget registry also breaks the sessions gauges read from it at collection,
+    # which fails a /metrics scrape: its counts are read through OpenTelemetry, whose instruments are read apart.
+    if fault == "budget":
+        counted = dict(errors)  # before the collection, which meets the broken registry again (and counts it)
+        shown = {p.attributes["mcp_token.stage"]: p.value for p in otel.metrics()["mcp_token.instrumentation.errors"]}
+        assert {stage: shown.get(stage) for stage in counted} == counted
+    elif fault not in ("aggregate", "prometheus"):
+        scraped = scrape(recorder)
+        assert {stage: scraped.value("mcp_token_instrumentation_errors_total", stage=stage) for stage in errors} \
+            == dict(errors)
 
 
-def test_a_blocking_sink_does_not_block_the_call(otel: Otel) -> None:
-    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+def test_a_blocking_metrics_path_does_not_block_the_call(otel: Otel) -> None:
+    """With ``metrics.defer_otel`` the OpenTelemetry points are recorded off the call path: a point stuck in its
+    instrument (a meter on a contended lock) holds up no MCP call."""
+    provider = BlockingMeterProvider(limit=5.0)
+    config = make_config(metrics={"defer_otel": True})
+    recorder = instrument(config, tracer_provider=otel.tracer_provider, meter_provider=provider)
     assert recorder is not None
-    sink = BlockingSink(limit=5.0)
-    recorder.add_sink(sink)
     try:
 
-        async def main() -> str:
+        async def main() -> list[str]:
             async with Client(fault_server.make_server(), mode="legacy") as client:
-                result = await client.call_tool("text", {"n": 3})
-                sink.release.set()  # the call is done: let the sink go
-                return result.content[0].text
+                first = await client.call_tool("text", {"n": 3})
+                # The replay of the first call's points is now stuck in the instrument...
+                assert await anyio.to_thread.run_sync(provider.entered.wait, 5.0)
+                second = await client.call_tool("text", {"n": 2})  # ...and this call goes through meanwhile
+                provider.release.set()
+                return [first.content[0].text, second.content[0].text]
 
-        assert anyio.run(main) == "abc abc abc "
+        assert anyio.run(main) == ["abc abc abc ", "abc abc "]
     finally:
-        sink.release.set()
+        provider.release.set()
         uninstrument()
-    assert sink.entered.is_set()
-    assert not sink.blocked_the_call  # the call finished while the sink was still stuck
+    assert not provider.blocked_the_call  # the second call finished while the point was still stuck
+    assert not recorder.error_counts
+    provider.shutdown()
 
 
 def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:
@@ -238,7 +268,7 @@ def test_a_failing_result_conversion_never_breaks_the_call(
     otel: Otel, transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Converting the handler's result for measurement is inside the never-break boundary (server side)."""
-    import mcp_token_otel.adapters.mcp_v2 as v2
+    import mcp_token_otel.recorder.call as call_module  # every result is converted for measurement there
 
     expected = baseline(transport)
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
@@ -247,7 +277,7 @@ def test_a_failing_result_conversion_never_breaks_the_call(
     def broken(model: Any) -> Any:
         raise RuntimeError("cannot convert")
 
-    monkeypatch.setattr(v2, "wire_dict", broken)
+    monkeypatch.setattr(call_module, "wire_dict", broken)
     try:
         got, _ = session(transport)
     finally:

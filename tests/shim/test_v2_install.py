@@ -8,9 +8,10 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, metrics_app, prometheus_service, uninstrument
 
+from ..faults import shared_files_mode
+from ..support import Scrape, scrape
 from .conftest import Otel, free_port, make_config
 
 
@@ -36,8 +37,17 @@ def test_a_taken_metrics_port_is_reported_and_measuring_goes_on(otel: Otel, capl
         try:
             assert recorder is not None
             assert prometheus_service() is not None and prometheus_service().server is None
-            assert sum(isinstance(s, PrometheusMetrics) for s in recorder.sinks) == 1
             assert f"cannot serve /metrics on 127.0.0.1:{port}" in caplog.text
+            call = recorder.begin("client", "tools/call", {"name": "t"}, None)
+            call.open()
+            call.result({"content": [{"type": "text", "text": "measured " * 20}]})
+            call.close()
+            # The registry still serves the recorder's metrics (to mount with metrics_app()), each once.
+            served = Scrape(prometheus_service().exposition().decode())
+            labels = {"tool": "t", "direction": "output"}
+            tokens = served.value("mcp_token_tokens_total", **labels)
+            assert tokens > 0 and tokens == scrape(recorder).value("mcp_token_tokens_total", **labels)
+            assert metrics_app() is not None
         finally:
             uninstrument()
 
@@ -45,24 +55,25 @@ def test_a_taken_metrics_port_is_reported_and_measuring_goes_on(otel: Otel, capl
 def test_a_missing_multiprocess_directory_is_logged_and_nothing_is_half_done(
     otel: Otel, caplog: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    """PROMETHEUS_MULTIPROC_DIR naming a directory that does not exist: instrument() neither raises nor
-    leaves a half-built Prometheus sink; measuring goes on through OpenTelemetry, and a second call is the
-    same recorder."""
+    """PROMETHEUS_MULTIPROC_DIR naming a directory that does not exist: instrument() neither raises nor leaves
+    anything half-built; it says so once and this process's metrics stay in memory (docs/configuration.md: the
+    multiprocess files are the optional part skipped), served on /metrics and through OpenTelemetry; a second
+    call is the same recorder."""
     from mcp import Client
     from mcp.server.mcpserver import MCPServer
 
     missing = tmp_path / "gone"
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(missing))
+    shared_files_mode(monkeypatch, missing)  # as prometheus-client sets itself up with the variable set at start
     recorder = instrument(make_config(prometheus={"enabled": True, "port": 0}),
                           tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     try:
         assert recorder is not None
         assert instrument() is recorder
-        assert prometheus_service() is None
-        assert not any(isinstance(s, PrometheusMetrics) for s in recorder.sinks)
-        assert f"PROMETHEUS_MULTIPROC_DIR={str(missing)!r}" in caplog.text
-        with pytest.raises(RuntimeError, match="Prometheus sink cannot be set up"):
-            metrics_app()
+        assert caplog.text.count(f"PROMETHEUS_MULTIPROC_DIR={str(missing)!r}") == 1
+        assert not missing.exists()  # nothing written anywhere
+        service = prometheus_service()
+        assert service is not None and service.server is not None  # /metrics serves the in-memory metrics
+        assert metrics_app() is not None
         server = MCPServer("multiproc")
 
         @server.tool()
@@ -75,6 +86,13 @@ def test_a_missing_multiprocess_directory_is_logged_and_nothing_is_half_done(
 
         anyio.run(main)
         assert any(s.attributes.get("mcp_token.output_tokens") for s in otel.spans() if s.name == "tools/call hello")
+        labels = {"side": "server", "tool": "hello", "direction": "output"}
+        served = Scrape(service.exposition().decode()).value("mcp_token_tokens_total", **labels)
+        assert served > 0
+        assert [p.value for p in otel.metrics()["mcp_token.tokens"] if p.attributes.get("gen_ai.tool.name") == "hello"
+                and p.attributes["mcp_token.direction"] == "output"
+                and p.attributes["mcp_token.side"] == "server"] == [served]
+        assert recorder.error_counts == {}
     finally:
         uninstrument()
 

@@ -20,12 +20,10 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver import Context, MCPServer
 from opentelemetry import baggage, context
 
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
-from mcp_token_otel.emitters.sink import BaseSink
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 
-from ..support import fresh_otel_globals
+from ..support import fresh_otel_globals, scrape
 from .conftest import Otel, make_config
 from .test_v2_budgets import run_served
 
@@ -46,29 +44,20 @@ def make_server() -> MCPServer:
     return server
 
 
-class Ends(BaseSink):
-    """Session ends as the recorder reports them (inline: at once, not at the next safe point)."""
-
-    def __init__(self) -> None:
-        self.ends: list[tuple[str, str]] = []
-
-    def record_session_end(self, side: str, utilization: float, server: str, call: Any) -> None:
-        self.ends.append((side, server))
+def ends(recorder: TokenRecorder, side: str, server: str = "keyed-test") -> float:
+    """Session ends the recorder reported so far: each observes its final utilization once."""
+    return scrape(recorder).value("mcp_token_session_utilization_ratio_count", side=side, server=server)
 
 
 @contextlib.contextmanager
-def keyed(otel: Otel, **budget: Any) -> Iterator[tuple[TokenRecorder, PrometheusMetrics, Ends]]:
-    """instrument() with a 15,000-token window, the server-side hard limit and a Prometheus sink."""
+def keyed(otel: Otel, **budget: Any) -> Iterator[TokenRecorder]:
+    """instrument() with a 15,000-token window and the server-side hard limit."""
     config = make_config(budget={"context_window": 15_000, **budget},
                          guard={"mode": "enforce", "session_hard_limit": True, "sides": ["server"]})
     recorder = instrument(config, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.session_states, server="keyed-test")  # its rate budgets' label
-    ends = Ends()
-    recorder.add_sink(sink, inline=True)
-    recorder.add_sink(ends, inline=True)
     try:
-        yield recorder, sink, ends
+        yield recorder
     finally:
         uninstrument()
 
@@ -91,15 +80,14 @@ async def twenty_calls(client: Client, value: str | None) -> list[types.CallTool
         return [await client.call_tool("fetch", {}) for _ in range(CALLS)]
 
 
-def total(sink: PrometheusMetrics, name: str, **labels: str) -> float:
-    return sum(sample.value for metric in sink.registry.collect() for sample in metric.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+def total(recorder: TokenRecorder, name: str, **labels: str) -> float:
+    return scrape(recorder).value(name, **labels)
 
 
-def assert_no_empty_server(sink: PrometheusMetrics) -> None:
+def assert_no_empty_server(recorder: TokenRecorder) -> None:
     """No traffic is counted under server="" (process-wide series at 0 may carry it: nothing to attribute)."""
-    empty = {sample.name for metric in sink.registry.collect() for sample in metric.samples
-             if sample.labels.get("server") == "" and sample.value}
+    empty = {name for name, rows in scrape(recorder).samples.items()
+             for labels, value in rows if labels.get("server") == "" and value}
     assert not empty, f"series with server=\"\": {sorted(empty)}"
 
 
@@ -115,19 +103,19 @@ def over_http(mode: str, value: str | None) -> list[types.CallToolResult]:
     return results
 
 
-def assert_only_discovery_unbudgeted(sink: PrometheusMetrics) -> None:
+def assert_only_discovery_unbudgeted(recorder: TokenRecorder) -> None:
     """The conversation's calls are all budgeted: only server/discover, sent as the client connects (outside the
     conversation), has no key."""
-    discover = total(sink, "mcp_token_tokens_total", side="server", method="server/discover")
-    assert total(sink, "mcp_token_unbudgeted_tokens_total", side="server") == discover
+    discover = total(recorder, "mcp_token_tokens_total", side="server", method="server/discover")
+    assert total(recorder, "mcp_token_unbudgeted_tokens_total", side="server") == discover
 
 
-def assert_exhausted_once_and_refused(sink: PrometheusMetrics, results: list[types.CallToolResult]) -> None:
-    assert total(sink, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
+def assert_exhausted_once_and_refused(recorder: TokenRecorder, results: list[types.CallToolResult]) -> None:
+    assert total(recorder, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
     refused = [r for r in results if r.is_error]
     assert refused and results[-1].is_error  # refused from exhaustion on, never before
     assert not any(r.is_error for r in results[: len(results) - len(refused)])
-    assert total(sink, "mcp_token_guard_actions_total", side="server", policy="session_limit",
+    assert total(recorder, "mcp_token_guard_actions_total", side="server", policy="session_limit",
                  action="refused") == len(refused)
 
 
@@ -135,11 +123,11 @@ def assert_exhausted_once_and_refused(sink: PrometheusMetrics, results: list[typ
 def test_http_budget_follows_the_conversation(otel: Otel, mode: str) -> None:
     """The SDK's recording tracer puts the context's baggage in _meta; the server keys its budget by it (2026)
     or by the Mcp-Session-Id (2025-11-25, session first)."""
-    with keyed(otel) as (_, sink, _ends):
+    with keyed(otel) as recorder:
         results = over_http(mode, CONVERSATION)
-        assert_exhausted_once_and_refused(sink, results)
-        assert_only_discovery_unbudgeted(sink)
-        assert_no_empty_server(sink)
+        assert_exhausted_once_and_refused(recorder, results)
+        assert_only_discovery_unbudgeted(recorder)
+        assert_no_empty_server(recorder)
     for span in otel.spans():
         attributes = dict(span.attributes or {})
         if attributes.get("mcp.method.name") in ("tools/call", "server/discover", "initialize"):
@@ -148,24 +136,24 @@ def test_http_budget_follows_the_conversation(otel: Otel, mode: str) -> None:
 
 
 def test_http_2026_without_a_key_counts_unbudgeted(otel: Otel) -> None:
-    with keyed(otel) as (recorder, sink, _ends):
+    with keyed(otel) as recorder:
         results = over_http("auto", None)
         assert not any(r.is_error for r in results)  # no budget, so no hard limit
-        assert total(sink, "mcp_token_session_transitions_total", side="server", state="exhausted") == 0
-        unbudgeted = total(sink, "mcp_token_unbudgeted_tokens_total", side="server", server="keyed-test")
-        counted = total(sink, "mcp_token_tokens_total", side="server", server="keyed-test")
+        assert total(recorder, "mcp_token_session_transitions_total", side="server", state="exhausted") == 0
+        unbudgeted = total(recorder, "mcp_token_unbudgeted_tokens_total", side="server", server="keyed-test")
+        counted = total(recorder, "mcp_token_tokens_total", side="server", server="keyed-test")
         assert unbudgeted == counted > CALLS * 1000
         assert sum(recorder.states()["server"].values()) == 0
-        assert_no_empty_server(sink)
+        assert_no_empty_server(recorder)
 
 
 def test_http_2026_propagate_without_a_recording_tracer(otel: Otel) -> None:
     """No global tracer provider (the SDK's spans do not record): budget.propagate carries the conversation."""
-    with fresh_otel_globals(), keyed(otel, propagate=True) as (_, sink, _ends):
+    with fresh_otel_globals(), keyed(otel, propagate=True) as recorder:
         results = over_http("auto", CONVERSATION)
-        assert_exhausted_once_and_refused(sink, results)
-        assert_only_discovery_unbudgeted(sink)
-        assert_no_empty_server(sink)
+        assert_exhausted_once_and_refused(recorder, results)
+        assert_only_discovery_unbudgeted(recorder)
+        assert_no_empty_server(recorder)
 
 
 @pytest.mark.parametrize("propagate", [False, True])
@@ -187,17 +175,17 @@ def test_in_process_propagate_is_what_carries_the_conversation(otel: Otel, propa
                 await client.call_tool("meta_of", {})
             return await twenty_calls(client, CONVERSATION)
 
-    with keyed(otel, key=["baggage:gen_ai.conversation.id"], propagate=propagate) as (_, sink, _ends):
+    with keyed(otel, key=["baggage:gen_ai.conversation.id"], propagate=propagate) as recorder:
         results = anyio.run(main)
         if propagate:
             assert seen == ["gen_ai.conversation.id=conversation-42"]
-            assert_exhausted_once_and_refused(sink, results)
-            assert_only_discovery_unbudgeted(sink)
+            assert_exhausted_once_and_refused(recorder, results)
+            assert_only_discovery_unbudgeted(recorder)
         else:
             assert seen == [None]
             assert not any(r.is_error for r in results)
-            assert total(sink, "mcp_token_unbudgeted_tokens_total", side="server") > CALLS * 1000
-        assert_no_empty_server(sink)
+            assert total(recorder, "mcp_token_unbudgeted_tokens_total", side="server") > CALLS * 1000
+        assert_no_empty_server(recorder)
 
 
 @pytest.mark.parametrize("streams", [False, True], ids=["direct", "streams"])
@@ -210,14 +198,14 @@ def test_in_process_2026_session_ends_when_the_client_closes(otel: Otel, streams
             assert client.protocol_version == "2026-07-28"
             await client.call_tool("fetch", {})
             await client.call_tool("fetch", {})
-            assert ("server", "keyed-test") not in ends.ends
+            assert ends(recorder, "server") == 0
 
-    with keyed(otel) as (recorder, sink, ends):
+    with keyed(otel) as recorder:
         anyio.run(main)
-        assert ends.ends.count(("server", "keyed-test")) == 1
-        assert ends.ends.count(("client", "keyed-test")) == 1
+        assert ends(recorder, "server") == 1
+        assert ends(recorder, "client") == 1
         assert sum(recorder.states()["server"].values()) == 0
-        assert_no_empty_server(sink)
+        assert_no_empty_server(recorder)
 
 
 def test_mcp_param_schema_lookup_is_not_traffic(otel: Otel) -> None:
@@ -236,26 +224,32 @@ def test_mcp_param_schema_lookup_is_not_traffic(otel: Otel) -> None:
             for _ in range(3):
                 assert not (await c.call_tool("search", {"q": "x"})).is_error
 
-    with keyed(otel) as (_, sink, _ends):
+    with keyed(otel) as recorder:
         server = Server("lowlevel-test", on_list_tools=list_tools, on_call_tool=call_tool)
         run_served(server.streamable_http_app(), client)
         for side in ("client", "server"):  # the client lists once itself; the server's own listings are not counted
-            assert total(sink, "mcp_token_message_tokens_count", side=side, method="tools/list") == 1
-            assert total(sink, "mcp_token_message_tokens_count", side=side, method="tools/call") == 3
-        assert_no_empty_server(sink)
+            assert total(recorder, "mcp_token_message_tokens_count", side=side, method="tools/list") == 1
+            assert total(recorder, "mcp_token_message_tokens_count", side=side, method="tools/call") == 3
+        assert_no_empty_server(recorder)
 
 
 def test_a_budget_with_no_close_ends_when_idle() -> None:
     """A conversation's budget ends after budget.idle_timeout without traffic, its utilization observed once,
     even when nothing else happens on its side (found at a metrics collection, reported at the next message)."""
     recorder = TokenRecorder(make_config(budget={"idle_timeout": 0.01}))
-    ends = Ends()
-    recorder.add_sink(ends, inline=True)
-    recorder.record_input(None, "server", "tools/call", {"name": "fetch"}, "baggage:gen_ai.conversation.id=c1",
-                          server="keyed-test")
+
+    def exchange(side: Any, method: str, params: dict[str, Any], key: str | None, server: str | None) -> None:
+        call = recorder.begin(side, method, params, key, server=server)
+        call.open()
+        call.result({"content": []} if method == "tools/call" else {})
+        call.close()
+
+    # A whole call: a request's tokens go to its budget with its answer's, when the call ends.
+    exchange("server", "tools/call", {"name": "fetch"}, "baggage:gen_ai.conversation.id=c1", "keyed-test")
     assert recorder.session_states()[("server", "keyed-test")]["ok"] == 1
     anyio.run(anyio.sleep, 0.05)
     assert recorder.session_states()[("server", "keyed-test")]["ok"] == 0  # gone from the gauge at collection
-    recorder.record_input(None, "client", "ping", {}, None)
-    assert ends.ends == [("server", "keyed-test")]
+    assert ends(recorder, "server") == 0  # reported at the next message, not by the collection
+    exchange("client", "ping", {}, None, None)
+    assert ends(recorder, "server") == 1
     recorder.close()

@@ -14,16 +14,15 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
-from prometheus_client.parser import text_string_to_metric_families
 
 from mcp_token_otel.catalog import DURATION_BUCKETS
 from mcp_token_otel.core.profiles import tool_definition_tokens
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.semconv import SCHEMA_URL
 
 from ..support import mcp_version
+from ..support import scrape as scrape_recorder
 from .conftest import Otel, make_config, named
 
 SERVER = "red-demo"
@@ -56,21 +55,15 @@ def make_server(name: str = SERVER) -> MCPServer:
 
 
 @pytest.fixture
-def red(otel: Otel) -> Iterator[tuple[TokenRecorder, PrometheusMetrics]]:
+def red(otel: Otel) -> Iterator[TokenRecorder]:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink, inline=True)
-    yield recorder, sink
+    yield recorder
     uninstrument()
 
 
-def scrape(sink: PrometheusMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
+def scrape(recorder: TokenRecorder) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return scrape_recorder(recorder).samples
 
 
 def pick(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> list[tuple[dict, float]]:
@@ -103,13 +96,9 @@ def run_script(server: MCPServer | None = None) -> str:
     return anyio.run(main)
 
 
-Red = tuple[TokenRecorder, PrometheusMetrics]
-
-
-def test_operation_duration_in_the_conventions_buckets(otel: Otel, red: Red) -> None:
-    _, sink = red
+def test_operation_duration_in_the_conventions_buckets(otel: Otel, red: TokenRecorder) -> None:
     run_script()
-    found = scrape(sink)
+    found = scrape(red)
     for side in ("client", "server"):
         labels = {"side": side, "server": SERVER, "method": "tools/call", "tool": "sleepy"}
         total = one(found, "mcp_token_operation_duration_seconds_sum", **labels)
@@ -138,10 +127,9 @@ def test_operation_duration_in_the_conventions_buckets(otel: Otel, red: Red) -> 
     assert client_point.attributes.get("mcp.protocol.version")
 
 
-def test_errors_by_type_per_method_and_tool(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
-    _, sink = red
+def test_errors_by_type_per_method_and_tool(otel: Otel, red: TokenRecorder) -> None:
     run_script()
-    found = scrape(sink)
+    found = scrape(red)
     for side in ("client", "server"):
         base = {"side": side, "server": SERVER, "method": "tools/call"}
         assert one(found, "mcp_token_call_errors_total", **base, tool="failing", error_type="tool_error") == 1
@@ -160,8 +148,7 @@ def test_errors_by_type_per_method_and_tool(otel: Otel, red: tuple[TokenRecorder
     assert failed.attributes["error.type"] == "tool_error"
 
 
-def test_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
-    _, sink = red
+def test_bytes_beside_tokens(otel: Otel, red: TokenRecorder) -> None:
     big = MCPServer(SERVER)
 
     @big.tool()
@@ -173,7 +160,7 @@ def test_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, PrometheusMet
             await client.call_tool("text", {"n": 5000})
 
     anyio.run(main)
-    found = scrape(sink)
+    found = scrape(red)
     labels = {"side": "server", "server": SERVER, "method": "tools/call", "tool": "text", "direction": "output"}
     size = one(found, "mcp_token_bytes_total", **labels)
     # 5000 two-byte characters, twice (content and MCPServer's structuredContent), plus the framing.
@@ -187,8 +174,7 @@ def test_bytes_beside_tokens(otel: Otel, red: tuple[TokenRecorder, PrometheusMet
     assert otel_bytes.value == size
 
 
-def test_session_duration_and_server_labels(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
-    _, sink = red
+def test_session_duration_and_server_labels(otel: Otel, red: TokenRecorder) -> None:
 
     async def main() -> None:
         async with Client(make_server(), mode="legacy") as client:
@@ -196,7 +182,7 @@ def test_session_duration_and_server_labels(otel: Otel, red: tuple[TokenRecorder
             await client.call_tool("sleepy", {})
 
     anyio.run(main)
-    found = scrape(sink)
+    found = scrape(red)
     client_sessions = one(found, "mcp_token_session_duration_seconds_count", side="client", server=SERVER)
     assert client_sessions == 1
     assert one(found, "mcp_token_session_duration_seconds_sum", side="client", server=SERVER) >= 0.1
@@ -217,13 +203,11 @@ def test_server_name_override_and_bound(otel: Otel) -> None:
     recorder = instrument(make_config(metrics={"server_name": "fleet-a"}), tracer_provider=otel.tracer_provider,
                           meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink, inline=True)
     try:
         run_script()
     finally:
         uninstrument()
-    found = scrape(sink)
+    found = scrape(recorder)
     assert {lab["server"] for lab, _ in found["mcp_token_message_tokens_count"]} == {"fleet-a"}
     # Server names are bounded like tool names.
     bounded = TokenRecorder(make_config(metrics={"max_server_names": 2}), otel.tracer_provider, otel.meter_provider)
@@ -231,8 +215,7 @@ def test_server_name_override_and_bound(otel: Otel) -> None:
     assert names[:2] == ["server-0", "server-1"] and set(names[2:]) == {"_other"}
 
 
-def test_tool_definition_tokens_per_server(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
-    _, sink = red
+def test_tool_definition_tokens_per_server(otel: Otel, red: TokenRecorder) -> None:
     listed: list[dict[str, Any]] = []
 
     async def main() -> None:
@@ -241,9 +224,9 @@ def test_tool_definition_tokens_per_server(otel: Otel, red: tuple[TokenRecorder,
             listed.extend(t.model_dump(by_alias=True, exclude_none=True) for t in result.tools)
 
     anyio.run(main)
-    expected = {t["name"]: tool_definition_tokens(t, red[0].policy.estimator) for t in listed}
+    expected = {t["name"]: tool_definition_tokens(t, red.policy.estimator) for t in listed}
     assert len(expected) == 3
-    found = scrape(sink)
+    found = scrape(red)
     assert one(found, "mcp_token_tool_definitions_tokens", server=SERVER) == sum(expected.values())
     for name, tokens in expected.items():
         assert one(found, "mcp_token_tool_definition_tokens", server=SERVER, tool=name) == tokens
@@ -258,17 +241,18 @@ def test_tool_definition_tokens_per_server(otel: Otel, red: tuple[TokenRecorder,
 
 def test_per_tool_definitions_only_within_the_tool_bound(otel: Otel) -> None:
     rec = TokenRecorder(make_config(metrics={"max_tool_names": 2}), otel.tracer_provider, otel.meter_provider)
-    sink = PrometheusMetrics(states=rec.states)
-    rec.add_sink(sink, inline=True)
     tools = [{"name": f"t{i}", "description": "d" * 40 * (i + 1), "inputSchema": {"type": "object"}} for i in range(4)]
-    rec.record_output(None, "client", "tools/list", None, result={"tools": tools}, session_id="s", server="many")
-    found = scrape(sink)
+    call = rec.begin("client", "tools/list", {}, "s", server="many")
+    call.open()
+    call.result({"tools": tools})
+    call.close()
+    found = scrape(rec)
     total = sum(tool_definition_tokens(t, rec.policy.estimator) for t in tools)
     assert one(found, "mcp_token_tool_definitions_tokens", server="many") == total  # the total counts every tool
     assert {lab["tool"] for lab, _ in found["mcp_token_tool_definition_tokens"]} == {"t0", "t1"}
 
 
-def test_span_attributes_resource_uri_and_error_descriptions(otel: Otel, red: tuple[TokenRecorder, Any]) -> None:
+def test_span_attributes_resource_uri_and_error_descriptions(otel: Otel, red: TokenRecorder) -> None:
     error_text = run_script()
     # The SDK's wording: mcp 2.0 appends the exception's message, 2.1 and later do not.
     assert error_text == "Error executing tool failing" + (": tool failed" if mcp_version() < (2, 1) else "")
@@ -284,15 +268,14 @@ def test_span_attributes_resource_uri_and_error_descriptions(otel: Otel, red: tu
     (rpc,) = [s for s in spans if named(s, "tools/call rpc_error") and s.kind is SpanKind.CLIENT]
     assert rpc.status.description and "custom failure" in rpc.status.description  # ours or the SDK's own
     # The schema URL is set on the shim's own tracer (the SDK's spans, which the shim enriches, keep the SDK's).
-    red[0].end_span(red[0].start_span("probe", SpanKind.INTERNAL))
+    red.end_span(red.start_span("probe", SpanKind.INTERNAL))
     (probe,) = [s for s in otel.spans() if s.name == "probe"]
     assert probe.instrumentation_scope.name == "mcp_token_otel"
     assert probe.instrumentation_scope.schema_url == SCHEMA_URL
     assert SCHEMA_URL and SCHEMA_URL.startswith("https://opentelemetry.io/schemas/")
 
 
-def test_suppressed_instrumentation_records_nothing(otel: Otel, red: tuple[TokenRecorder, PrometheusMetrics]) -> None:
-    _, sink = red
+def test_suppressed_instrumentation_records_nothing(otel: Otel, red: TokenRecorder) -> None:
 
     async def main() -> None:
         async with Client(make_server(), mode="legacy") as client:
@@ -300,7 +283,7 @@ def test_suppressed_instrumentation_records_nothing(otel: Otel, red: tuple[Token
                 await client.call_tool("sleepy", {})
 
     anyio.run(main)
-    found = scrape(sink)
+    found = scrape(red)
     assert not pick(found, "mcp_token_message_tokens_count", side="client", method="tools/call")
     assert not [s for s in otel.spans() if s.name == "tools/call sleepy" and s.kind is SpanKind.CLIENT
                 and s.instrumentation_scope.name == "mcp_token_otel"]
@@ -310,9 +293,10 @@ def test_genai_capture_environment_variable(otel: Otel, monkeypatch: pytest.Monk
     monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
     rec = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
     span = rec.start_span("tools/call t", SpanKind.CLIENT)
-    rec.record_input(span, "client", "tools/call", {"name": "t", "arguments": {"q": "hello"}}, "s")
-    rec.record_output(span, "client", "tools/call", "t", result={"content": [{"type": "text", "text": "hi"}]},
-                      session_id="s")
+    call = rec.begin("client", "tools/call", {"name": "t", "arguments": {"q": "hello"}}, "s")
+    call.open(span)
+    call.result({"content": [{"type": "text", "text": "hi"}]})
+    call.close()
     rec.end_span(span)
     (done,) = otel.spans()
     assert done.attributes["gen_ai.tool.call.arguments"] == '{"q": "hello"}'
@@ -321,12 +305,13 @@ def test_genai_capture_environment_variable(otel: Otel, monkeypatch: pytest.Monk
     assert not TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider).capture_content
 
 
-def test_duration_keyword_on_record_output(otel: Otel) -> None:
+def test_duration_from_the_callers_clock(otel: Otel) -> None:
     rec = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
-    sink = PrometheusMetrics(states=rec.states)
-    rec.add_sink(sink, inline=True)
-    rec.record_output(None, "proxy", "tools/call", "t", result={"content": []}, session_id="s", duration_s=1.5)
-    found = scrape(sink)
+    call = rec.begin("proxy", "tools/call", {"name": "t"}, "s")
+    call.open(started=100.0)  # the caller's own clock (the proxy's), for the request and the answer
+    call.result({"content": []}, at=101.5)
+    call.close()
+    found = scrape(rec)
     assert one(found, "mcp_token_operation_duration_seconds_sum", side="proxy", tool="t") == 1.5
     assert one(found, "mcp_token_operation_duration_seconds_bucket", side="proxy", tool="t", le="1.0") == 0
     assert one(found, "mcp_token_operation_duration_seconds_bucket", side="proxy", tool="t", le="2.0") == 1

@@ -11,14 +11,14 @@ import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
-from prometheus_client.parser import text_string_to_metric_families
 
-from mcp_token_otel.core.measure import Measurement, Policy
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
+from mcp_token_otel.core.measure import Policy, measure_request
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.semconv import A_SERVER_NAME, A_SESSION_STATE, M_SCOPE, M_SIDE, M_STAGE
 
+from ..faults import RaisingListener
+from ..support import scrape as scrape_recorder
 from .conftest import Otel, make_config
 
 Found = dict[str, list[tuple[dict[str, str], float]]]
@@ -35,12 +35,8 @@ def make_server(name: str) -> MCPServer:
     return server
 
 
-def scrape(sink: PrometheusMetrics) -> Found:
-    out: Found = {}
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
+def scrape(recorder: TokenRecorder) -> Found:
+    return scrape_recorder(recorder).samples
 
 
 def value(found: Found, name: str, **labels: str) -> float:
@@ -49,13 +45,11 @@ def value(found: Found, name: str, **labels: str) -> float:
     return rows[0]
 
 
-def instrumented(otel: Otel, **config: Any) -> tuple[TokenRecorder, PrometheusMetrics]:
+def instrumented(otel: Otel, **config: Any) -> TokenRecorder:
     recorder = instrument(make_config(**config), tracer_provider=otel.tracer_provider,
                           meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-    recorder.add_sink(sink, inline=True)
-    return recorder, sink
+    return recorder
 
 
 @pytest.fixture
@@ -65,14 +59,14 @@ def cleanup() -> Iterator[None]:
 
 
 def test_live_sessions_per_server_and_the_client_initialize_with_its_server(otel: Otel, cleanup: None) -> None:
-    recorder, sink = instrumented(otel)
+    recorder = instrumented(otel)
     seen: dict[str, Found] = {}
 
     async def main() -> None:
         async with Client(make_server("alpha"), mode="legacy") as a, Client(make_server("beta"), mode="legacy") as b:
             assert (await a.call_tool("ping", {})).content[0].text == "pong"
             assert (await b.call_tool("ping", {})).content[0].text == "pong"
-            seen["open"] = scrape(sink)
+            seen["open"] = scrape(recorder)
             otel_points = otel.metrics()["mcp_token.sessions"]
             seen["otel"] = {"": [(dict(p.attributes), p.value) for p in otel_points]}
 
@@ -97,7 +91,7 @@ def test_live_sessions_per_server_and_the_client_initialize_with_its_server(otel
             assert [v for attrs, v in otel_rows if attrs.get(M_SIDE) == side and attrs.get(A_SERVER_NAME) == server
                     and attrs.get(A_SESSION_STATE) == "ok"] == [1]
     # The sessions ended with their clients: the series stay, at 0.
-    after = scrape(sink)
+    after = scrape(recorder)
     for side in ("client", "server"):
         for server in ("alpha", "beta"):
             assert value(after, "mcp_token_sessions", side=side, server=server, state="ok") == 0
@@ -105,18 +99,8 @@ def test_live_sessions_per_server_and_the_client_initialize_with_its_server(otel
 
 
 def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup: None) -> None:
-    recorder, sink = instrumented(otel, metrics={"server_name": "billing"})
-
-    class Broken:
-        """A sink that fails on every message: each failure is a counted fault."""
-
-        def record_message(self, *args: Any) -> None:
-            raise RuntimeError("sink down")
-
-        def __getattr__(self, name: str) -> Any:
-            return lambda *args: None
-
-    recorder.add_sink(Broken(), inline=True)
+    recorder = instrumented(otel, metrics={"server_name": "billing"})
+    recorder.listeners.append(RaisingListener())  # fails on every answer: each failure is a counted fault
 
     async def main() -> None:
         async with Client(make_server("alpha"), mode="legacy") as client:
@@ -125,8 +109,8 @@ def test_faults_and_budgets_carry_the_configured_server_name(otel: Otel, cleanup
     anyio.run(main)
     recorder.flush()
     faults = recorder.error_counts["metrics"]
-    assert faults >= 4  # every message of the session (initialize, tools/call, both sides)
-    found = scrape(sink)
+    assert faults >= 4  # every answer of the session (initialize, tools/call, both sides)
+    found = scrape(recorder)
     assert value(found, "mcp_token_instrumentation_errors_total", stage="metrics", server="billing") == faults
     assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate", server="billing") == 0
     assert value(found, "mcp_token_output_rate_budget_tokens_per_second", scope="tool", server="billing") == 100
@@ -147,11 +131,11 @@ def _raising_estimator(text: str) -> int:
 def test_faults_without_a_configured_name_carry_the_proxy_name_or_the_placeholder(otel: Otel) -> None:
     for name, expected in ((None, "_unknown"), ("px", "px")):
         recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider, server_name=name)
-        sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-        recorder.add_sink(sink, inline=True)
         recorder.policy = Policy(estimator=_raising_estimator, estimator_name="broken")
-        assert recorder.record_input(None, "client", "tools/call", {"name": "t"}, "s1") is None  # a fault
-        found = scrape(sink)
+        call = recorder.begin("client", "tools/call", {"name": "t"}, "s1")
+        call.open()  # a fault
+        call.close()
+        found = scrape(recorder)
         assert recorder.error_counts["estimate"] == 1
         assert value(found, "mcp_token_instrumentation_errors_total", stage="estimate", server=expected) == 1
         recorder.close()
@@ -159,16 +143,16 @@ def test_faults_without_a_configured_name_carry_the_proxy_name_or_the_placeholde
 
 def test_an_initialize_that_never_gets_its_result_is_still_recorded(otel: Otel) -> None:
     recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
-    sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink, inline=True)
     params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}
-    measured = recorder.record_input(None, "client", "initialize", params, "conn-1")
-    assert isinstance(measured, Measurement)
-    found = scrape(sink)
+    measured = measure_request("initialize", params, recorder.policy)
+    call = recorder.begin("client", "initialize", params, "conn-1")
+    call.open()
+    found = scrape(recorder)
     assert "mcp_token_tokens_total" not in found or not [
         lab for lab, _ in found["mcp_token_tokens_total"] if lab["method"] == "initialize"]
-    recorder.end_session("client", "conn-1")  # the connection dropped before the result
-    found = scrape(sink)
+    call.close()  # the connection dropped before the result
+    recorder.end_session("client", "conn-1")
+    found = scrape(recorder)
     assert value(found, "mcp_token_tokens_total", side="client", method="initialize",
                  direction="input") == measured.total_tokens
     recorder.close()
@@ -176,12 +160,11 @@ def test_an_initialize_that_never_gets_its_result_is_still_recorded(otel: Otel) 
 
 def test_a_failed_initialize_is_recorded_with_its_error(otel: Otel) -> None:
     recorder = TokenRecorder(make_config(), otel.tracer_provider, otel.meter_provider)
-    sink = PrometheusMetrics(states=recorder.session_states)
-    recorder.add_sink(sink, inline=True)
-    recorder.record_input(None, "client", "initialize", {"protocolVersion": "1999-01-01"}, "conn-2")
-    recorder.record_output(None, "client", "initialize", None, error={"code": -32602, "message": "bad version"},
-                           session_id="conn-2")
-    found = scrape(sink)
+    call = recorder.begin("client", "initialize", {"protocolVersion": "1999-01-01"}, "conn-2")
+    call.open()
+    call.error({"code": -32602, "message": "bad version"})
+    call.close()
+    found = scrape(recorder)
     # one request and its error, each counted once (requests have no histogram by default: their counter)
     assert value(found, "mcp_token_tokens_total", side="client", server="_unknown", method="initialize",
                  direction="input") > 0

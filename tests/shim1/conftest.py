@@ -14,9 +14,6 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
-
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 
 # The streamable HTTP client was named streamablehttp_client before mcp 1.24 (kept as an alias since).
 try:
@@ -25,7 +22,16 @@ except ImportError:
     from mcp.client.streamable_http import streamablehttp_client as streamable_http_client  # type: ignore[no-redef]
 
 # Re-exported for the test modules, which import them from here.
-from ..support import Otel, free_port, instrumented_session, make_config, mcp_version, no_usage_attributes, otel_session
+from ..support import (
+    Otel,
+    free_port,
+    instrumented_session,
+    make_config,
+    mcp_version,
+    no_usage_attributes,
+    otel_session,
+    scrape,
+)
 
 __all__ = ["MCP_VERSION", "Otel", "free_port", "make_config", "no_usage_attributes", "streamable_http_client"]
 
@@ -54,11 +60,6 @@ def instrumented(otel: Otel) -> Iterator[Any]:
     yield from instrumented_session(otel)
 
 
-def samples(sink: PrometheusMetrics, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of ``name`` in ``sink``'s exposition whose labels include ``labels``."""
-    out = []
-    for family in text_string_to_metric_families(sink.exposition().decode()):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                out.append((s.labels, s.value))
-    return out
+def samples(recorder: Any, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of ``name`` on ``recorder``'s /metrics whose labels include ``labels``."""
+    return scrape(recorder).pick(name, **labels)

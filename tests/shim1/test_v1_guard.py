@@ -26,6 +26,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.core.guard import META_DEPTH_KEY, META_GUARD_KEY, META_TOKENS_KEY
+from mcp_token_otel.core.protocol import wire_dict
+from mcp_token_otel.recorder.call import Call
 
 from .conftest import Otel, free_port, make_config, streamable_http_client
 from .servers.guard_server import make_server as make_guard_server
@@ -141,9 +143,12 @@ def guard_events(span: ReadableSpan, policy: str | None = None) -> list[dict[str
 
 
 def guard_counts(otel: Otel) -> dict[tuple[str, str, str, str], float]:
-    """(side, policy, action, enforced) -> count, from the OTel guard counter."""
+    """(side, policy, action, enforced) -> count, from the OTel guard counter. The counters read the shared
+    aggregate, so OTel shows the series /metrics starts at 0 for alerts too: only the actions taken count here."""
     out: dict[tuple[str, str, str, str], float] = {}
     for p in otel.metrics().get(GUARD_METRIC, []):
+        if not p.value:
+            continue
         a = p.attributes
         key = (a["mcp_token.side"], a["mcp_token.guard.policy"], a["mcp_token.guard.action"],
                str(a["mcp_token.guard.enforced"]).lower())
@@ -200,21 +205,21 @@ def test_results_identical_to_uninstrumented(otel: Otel, mode: str) -> None:
 # ---------------------------------------------------------------------------------------------- response cap
 
 
-def test_response_cap_enforce_text(otel: Otel) -> None:
+def test_response_cap_enforce_text(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
     captured: list[Any] = []
-    with guarded(otel, {"mode": "enforce", "max_response_tokens": 50}) as recorder:
-        original = recorder.record_guarded_output
+    original = Call.result
 
-        def spy(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            if args[1] == "server" and args[2] == "tools/call":
-                captured.append(out[1])
-            return out
+    def spy(call: Call, result: Any, at: float | None = None) -> Any:
+        out = original(call, result, at)
+        if call.side == "server" and call.method == "tools/call":
+            captured.append(wire_dict(out))
+        return out
 
-        recorder.record_guarded_output = spy
+    monkeypatch.setattr(Call, "result", spy)
+    with guarded(otel, {"mode": "enforce", "max_response_tokens": 50}):
         calls: Counter[str] = Counter()
         (result,) = run_calls(make_server(calls), [("text", {"n": 2000})])
-    # What the client got is exactly what the server's record_guarded_output returned.
+    # What the client got is exactly what the server's call handed on (the guard's result).
     assert result.model_dump(**WIRE) == captured[0]
     assert calls["text"] == 1 and not result.isError
     (srv,) = tool_spans(otel, "text", SpanKind.SERVER)
@@ -555,13 +560,13 @@ def test_refusal_that_does_not_validate_lets_the_call_through(otel: Otel) -> Non
 
 def test_depth_fault_lets_the_call_through(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
     """The adapter's depth steps failing: nested calls go on without a depth, each fault counted."""
-    from mcp_token_otel.adapters import mcp_v1
+    from mcp_token_otel.adapters.mcp_v1 import inbound, outbound
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("depth broke")
 
-    monkeypatch.setattr(mcp_v1, "chain_depth", broken)
-    monkeypatch.setattr(mcp_v1, "with_depth", broken)
+    monkeypatch.setattr(inbound, "chain_depth", broken)  # reading a served request's depth
+    monkeypatch.setattr(outbound, "with_depth", broken)  # giving a handler's request the next one
     calls: Counter[str] = Counter()
     with guarded(otel, {"mode": "enforce", "max_chain_depth": 1}) as recorder:
         (result,) = run_calls(make_server(calls), [("chain", {"levels": 2})])

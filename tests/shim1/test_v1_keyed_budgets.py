@@ -16,9 +16,10 @@ from mcp import ClientSession, types
 from mcp.server.fastmcp import FastMCP
 from opentelemetry import baggage, context
 
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
+from mcp_token_otel.recorder import TokenRecorder
 
+from ..support import scrape
 from .conftest import Otel, free_port, make_config, streamable_http_client
 from .test_v1_transports import serve
 
@@ -37,27 +38,24 @@ def make_server(**settings: Any) -> FastMCP:
 
 
 @contextlib.contextmanager
-def keyed(otel: Otel, **budget: Any) -> Iterator[PrometheusMetrics]:
+def keyed(otel: Otel, **budget: Any) -> Iterator[TokenRecorder]:
     config = make_config(budget={"context_window": 15_000, **budget},
                          guard={"mode": "enforce", "session_hard_limit": True, "sides": ["server"]})
     recorder = instrument(config, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.session_states, server="keyed-test")
-    recorder.add_sink(sink, inline=True)
     try:
-        yield sink
+        yield recorder
     finally:
         uninstrument()
 
 
-def total(sink: PrometheusMetrics, name: str, **labels: str) -> float:
-    return sum(sample.value for metric in sink.registry.collect() for sample in metric.samples
-               if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+def total(recorder: TokenRecorder, name: str, **labels: str) -> float:
+    return scrape(recorder).value(name, **labels)
 
 
-def assert_no_traffic_without_server(sink: PrometheusMetrics) -> None:
-    empty = {sample.name for metric in sink.registry.collect() for sample in metric.samples
-             if sample.labels.get("server") == "" and sample.value}
+def assert_no_traffic_without_server(recorder: TokenRecorder) -> None:
+    empty = {name for name, rows in scrape(recorder).samples.items()
+             for labels, value in rows if labels.get("server") == "" and value}
     assert not empty, f"series with server=\"\": {sorted(empty)}"
 
 
@@ -89,8 +87,8 @@ def run(stateless: bool, conversation: str | None) -> list[types.CallToolResult]
     return results
 
 
-def assert_exhausted_once_and_refused(sink: PrometheusMetrics, results: list[types.CallToolResult]) -> None:
-    assert total(sink, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
+def assert_exhausted_once_and_refused(recorder: TokenRecorder, results: list[types.CallToolResult]) -> None:
+    assert total(recorder, "mcp_token_session_transitions_total", side="server", state="exhausted") == 1
     refused = [r for r in results if r.isError]
     assert refused and results[-1].isError
     assert not any(r.isError for r in results[: len(results) - len(refused)])
@@ -98,24 +96,24 @@ def assert_exhausted_once_and_refused(sink: PrometheusMetrics, results: list[typ
 
 @pytest.mark.parametrize("stateless", [True, False], ids=["stateless", "stateful"])
 def test_http_budget_follows_the_conversation(otel: Otel, stateless: bool) -> None:
-    with keyed(otel, propagate=True) as sink:
+    with keyed(otel, propagate=True) as recorder:
         results = run(stateless, "conversation-42")
-        assert_exhausted_once_and_refused(sink, results)
+        assert_exhausted_once_and_refused(recorder, results)
         # Stateless, only what carries no conversation has no key: initialize (before it) and the tools/list the
         # client sends to learn output schemas (a request without params, which the shim never gives params).
-        keyless = sum(total(sink, "mcp_token_tokens_total", side="server", method=m)
+        keyless = sum(total(recorder, "mcp_token_tokens_total", side="server", method=m)
                       for m in ("initialize", "tools/list"))
-        assert keyless and total(sink, "mcp_token_unbudgeted_tokens_total", side="server") == (
+        assert keyless and total(recorder, "mcp_token_unbudgeted_tokens_total", side="server") == (
             keyless if stateless else 0)
-        assert_no_traffic_without_server(sink)
+        assert_no_traffic_without_server(recorder)
 
 
 def test_stateless_http_without_a_key_counts_unbudgeted(otel: Otel) -> None:
-    with keyed(otel) as sink:  # budget.propagate off: the conversation stays in the client
+    with keyed(otel) as recorder:  # budget.propagate off: the conversation stays in the client
         results = run(True, "conversation-42")
         assert not any(r.isError for r in results)
-        assert total(sink, "mcp_token_session_transitions_total", side="server", state="exhausted") == 0
-        served = total(sink, "mcp_token_tokens_total", side="server", server="keyed-test")
-        assert total(sink, "mcp_token_unbudgeted_tokens_total", side="server", server="keyed-test") == served
+        assert total(recorder, "mcp_token_session_transitions_total", side="server", state="exhausted") == 0
+        served = total(recorder, "mcp_token_tokens_total", side="server", server="keyed-test")
+        assert total(recorder, "mcp_token_unbudgeted_tokens_total", side="server", server="keyed-test") == served
         assert served > CALLS * 1000
-        assert_no_traffic_without_server(sink)
+        assert_no_traffic_without_server(recorder)

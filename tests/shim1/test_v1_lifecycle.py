@@ -33,21 +33,24 @@ from opentelemetry.trace import SpanKind
 from pydantic import AnyUrl
 
 from mcp_token_otel.core.measure import Policy
-from mcp_token_otel.instrumentation import instrument, prometheus_service, uninstrument
+from mcp_token_otel.emitters.prometheus_multiprocess import SharedFilesAggregate
+from mcp_token_otel.instrumentation import instrument, uninstrument
 
 from ..faults import (
-    BlockingSink,
+    BlockingMeterProvider,
     BrokenMeterProvider,
-    BrokenSink,
     RaisingExporter,
+    RaisingListener,
     RaisingProcessor,
-    SlowSink,
+    SlowAggregate,
+    break_aggregate,
     break_budgets,
     break_prometheus,
     otel_pipeline_with_failing_exporters,
     raising_estimator,
+    shared_files_mode,
 )
-from ..support import ROOT, assert_client_call_recorded_once
+from ..support import ROOT, assert_client_call_recorded_once, scrape
 from .conftest import Otel, free_port, make_config, streamable_http_client
 
 N = 20
@@ -127,7 +130,8 @@ SCRIPT: list[tuple[str, dict[str, Any]]] = [
     ("text", {"n": 10}), ("boom", {}), ("image", {}), ("resources", {}), ("meta", {}), ("structured", {"n": 20}),
     ("large", {}), ("nope", {}), ("text", {"n": "not a number"}), ("text", {"n": 500}),
 ]
-FAULTS = ["estimator", "span_processor", "exporter", "meter", "sink", "slow_sink", "budget", "prometheus"]
+FAULTS = ["estimator", "span_processor", "exporter", "meter", "aggregate", "listener", "slow_aggregate", "budget",
+          "prometheus"]
 
 
 async def run_script(session: ClientSession) -> list[Any]:
@@ -222,8 +226,8 @@ def baseline(transport: str) -> list[Any]:
 
 @pytest.mark.parametrize("transport", ["memory", pytest.param("stdio", marks=pytest.mark.slow), "http"])
 @pytest.mark.parametrize("fault", FAULTS)
-def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, transport: str,
-                                      fault: str) -> None:
+def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                      transport: str, fault: str) -> None:
     expected = baseline(transport)
     healthy = healthy_faults(otel, transport)
     tracer_provider: Any = otel.tracer_provider
@@ -237,20 +241,26 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
         tracer_provider, meter_provider = pipeline[0], pipeline[1]
     elif fault == "meter":
         meter_provider = BrokenMeterProvider()
+    elif fault == "prometheus":
+        shared_files_mode(monkeypatch, tmp_path)
     config = make_config(prometheus={"enabled": True, "port": 0} if fault == "prometheus" else {})
     recorder = instrument(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
     assert recorder is not None
-    slow = SlowSink()
+    slow: SlowAggregate | None = None
+    listener = RaisingListener()
     if fault == "estimator":
         recorder.policy = Policy(estimator=raising_estimator, estimator_name="broken")
-    elif fault == "sink":
-        recorder.add_sink(BrokenSink())
-    elif fault == "slow_sink":
-        recorder.add_sink(slow)
+    elif fault == "aggregate":
+        break_aggregate(recorder)
+    elif fault == "listener":
+        recorder.listeners.append(listener)
+    elif fault == "slow_aggregate":
+        slow = SlowAggregate(recorder)
     elif fault == "budget":
         break_budgets(recorder)
     elif fault == "prometheus":
-        assert break_prometheus(prometheus_service().metrics) >= 5
+        assert isinstance(recorder.aggregate, SharedFilesAggregate)  # prometheus-client's values on the call path
+        break_prometheus(monkeypatch)
     try:
         got, server_errors = fault_session(transport, server_fault=fault)
     finally:
@@ -258,8 +268,8 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
     assert got == expected
     errors = recorder.error_counts
     if transport == "stdio":
-        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "sink": "metrics",
-                 "budget": "budget", "prometheus": "metrics"}.get(fault)
+        stage = {"estimator": "estimate", "span_processor": "span", "meter": "metrics", "aggregate": "metrics",
+                 "listener": "metrics", "budget": "budget", "prometheus": "metrics"}.get(fault)
         if stage:
             assert server_errors.get(stage, 0) > 0, server_errors
         else:
@@ -275,31 +285,52 @@ def test_faults_do_not_change_results(otel: Otel, monkeypatch: pytest.MonkeyPatc
         assert errors == healthy  # ...and no call saw it
         tracer_provider.shutdown()
         meter_provider.shutdown()
-    elif fault in ("meter", "sink", "prometheus"):
+    elif fault in ("meter", "aggregate", "prometheus"):
         assert errors["metrics"] > 0
-    elif fault == "slow_sink":
-        assert slow.calls > 0 and errors == healthy
+    elif fault == "listener":
+        assert listener.calls > 0 and errors == healthy + Counter(metrics=listener.calls)  # each raise counted
+    elif fault == "slow_aggregate":
+        assert slow is not None and slow.calls > 0 and errors == healthy
     elif fault == "budget":
         assert errors["budget"] > 0
+    # Every fault counted in process is on the metrics too (with the metrics store itself broken, error_counts is
+    # the one record). The broken budget registry also breaks the sessions gauges read from it at collection,
+    # which fails a /metrics scrape: its counts are read through OpenTelemetry, whose instruments are read apart.
+    if fault == "budget":
+        counted = dict(errors)  # before the collection, which meets the broken registry again (and counts it)
+        shown = {p.attributes["mcp_token.stage"]: p.value for p in otel.metrics()["mcp_token.instrumentation.errors"]}
+        assert {stage: shown.get(stage) for stage in counted} == counted
+    elif fault not in ("aggregate", "prometheus"):
+        scraped = scrape(recorder)
+        assert {stage: scraped.value("mcp_token_instrumentation_errors_total", stage=stage) for stage in errors} \
+            == dict(errors)
 
 
-def test_a_blocking_sink_does_not_block_the_call(otel: Otel) -> None:
-    recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+def test_a_blocking_metrics_path_does_not_block_the_call(otel: Otel) -> None:
+    """With ``metrics.defer_otel`` the OpenTelemetry points are recorded off the call path: a point stuck in its
+    instrument (a meter on a contended lock) holds up no MCP call."""
+    provider = BlockingMeterProvider(limit=5.0)
+    config = make_config(metrics={"defer_otel": True})
+    recorder = instrument(config, tracer_provider=otel.tracer_provider, meter_provider=provider)
     assert recorder is not None
-    sink = BlockingSink(limit=5.0)
-    recorder.add_sink(sink)
     try:
 
-        async def main() -> None:
+        async def main() -> list[Any]:
             async with create_connected_server_and_client_session(fault_server.make_server()) as session:
-                await session.call_tool("text", {"n": 3})
-                sink.release.set()  # the call is done: let the sink go
+                first = await session.call_tool("text", {"n": 3})
+                # The replay of the first call's points is now stuck in the instrument...
+                assert await anyio.to_thread.run_sync(provider.entered.wait, 5.0)
+                second = await session.call_tool("text", {"n": 2})  # ...and this call goes through meanwhile
+                provider.release.set()
+                return [first.content[0].text, second.content[0].text]  # type: ignore[union-attr]
 
-        anyio.run(main)
+        assert anyio.run(main) == ["abc abc abc ", "abc abc "]
     finally:
-        sink.release.set()
+        provider.release.set()
         uninstrument()
-    assert sink.entered.is_set() and not sink.blocked_the_call
+    assert not provider.blocked_the_call  # the second call finished while the point was still stuck
+    assert not recorder.error_counts
+    provider.shutdown()
 
 
 def test_an_exporter_fault_inside_a_span_processor(otel: Otel) -> None:

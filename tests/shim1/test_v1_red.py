@@ -10,7 +10,6 @@ from mcp.shared.memory import create_connected_server_and_client_session
 from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.catalog import DURATION_BUCKETS
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
 from .conftest import Otel, make_config, samples
@@ -41,8 +40,6 @@ def make_server() -> FastMCP:
 def test_v1_durations_errors_and_server_names(otel: Otel) -> None:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.states)
-    recorder.add_sink(sink, inline=True)
     listed: list[Any] = []
     try:
 
@@ -59,16 +56,17 @@ def test_v1_durations_errors_and_server_names(otel: Otel) -> None:
         uninstrument()
     for side in ("client", "server"):
         labels = {"side": side, "server": SERVER, "method": "tools/call", "tool": "sleepy"}
-        ((_, total),) = samples(sink, "mcp_token_operation_duration_seconds_sum", **labels)
+        ((_, total),) = samples(recorder, "mcp_token_operation_duration_seconds_sum", **labels)
         assert total >= 0.05
-        buckets = {lab["le"]: v for lab, v in samples(sink, "mcp_token_operation_duration_seconds_bucket", **labels)}
+        rows = samples(recorder, "mcp_token_operation_duration_seconds_bucket", **labels)
+        buckets = {lab["le"]: v for lab, v in rows}
         for bound in DURATION_BUCKETS:
             assert buckets[str(bound)] == (1 if bound >= total else 0)
-        errors = samples(sink, "mcp_token_call_errors_total", side=side, server=SERVER, tool="failing")
+        errors = samples(recorder, "mcp_token_call_errors_total", side=side, server=SERVER, tool="failing")
         assert [(lab["error_type"], v) for lab, v in errors] == [("tool_error", 1.0)]
-        ((_, sessions),) = samples(sink, "mcp_token_session_duration_seconds_count", side=side, server=SERVER)
+        ((_, sessions),) = samples(recorder, "mcp_token_session_duration_seconds_count", side=side, server=SERVER)
         assert sessions == 1
-    ((_, definitions),) = samples(sink, "mcp_token_tool_definitions_tokens", server=SERVER)
+    ((_, definitions),) = samples(recorder, "mcp_token_tool_definitions_tokens", server=SERVER)
     assert definitions > 0 and len(listed) == 2
     reads = [s for s in otel.spans() if s.name == "resources/read"]
     assert {s.kind for s in reads} == {SpanKind.CLIENT, SpanKind.SERVER}

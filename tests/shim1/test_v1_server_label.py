@@ -7,7 +7,6 @@ import anyio
 from mcp.server.fastmcp import FastMCP
 from mcp.shared.memory import create_connected_server_and_client_session
 
-from mcp_token_otel.emitters.prometheus_metrics import PrometheusMetrics
 from mcp_token_otel.instrumentation import instrument, uninstrument
 
 from .conftest import Otel, make_config, samples
@@ -18,8 +17,6 @@ SERVER = "label-v1"
 def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
     recorder = instrument(make_config(), tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     assert recorder is not None
-    sink = PrometheusMetrics(states=recorder.session_states, server=recorder.server_label())
-    recorder.add_sink(sink, inline=True)
     server = FastMCP(SERVER)
 
     @server.tool()
@@ -32,7 +29,7 @@ def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
         async def main() -> None:
             async with create_connected_server_and_client_session(server._mcp_server) as session:
                 await session.call_tool("ping", {})
-                live.append(samples(sink, "mcp_token_sessions", state="ok"))
+                live.append(samples(recorder, "mcp_token_sessions", state="ok"))
 
         anyio.run(main)
     finally:
@@ -41,9 +38,9 @@ def test_v1_sessions_and_client_initialize_carry_the_server(otel: Otel) -> None:
     assert {(lab["side"], lab["server"]): v for lab, v in open_sessions if v} == {
         ("client", SERVER): 1, ("server", SERVER): 1}
     # the client's initialize, request and result, both recorded with the server its result named
-    initialize = samples(sink, "mcp_token_tokens_total", side="client", method="initialize")
+    initialize = samples(recorder, "mcp_token_tokens_total", side="client", method="initialize")
     assert sorted((lab["direction"], lab["server"]) for lab, v in initialize if v > 0) == [
         ("input", SERVER), ("output", SERVER)]
-    responses = samples(sink, "mcp_token_message_tokens_count", side="client", method="initialize")
+    responses = samples(recorder, "mcp_token_message_tokens_count", side="client", method="initialize")
     assert [(lab["direction"], lab["server"], v) for lab, v in responses] == [("output", SERVER, 1.0)]
     assert recorder.error_counts == {}

@@ -4,6 +4,7 @@ and the proxy. Entry point: :class:`GuardEngine` (``on_request`` / ``on_result``
 """
 
 from .annotate import META_GUARD_KEY, META_PREFIX, META_TOKENS_KEY, annotate
+from .cap import cap_result
 from .cost import cost_usd
 from .engine import (
     ACTIONS,
@@ -24,11 +25,13 @@ from .engine import (
     ToolInfo,
     tool_error,
 )
+from .json_cut import cut_json
 from .limits import META_DEPTH_KEY, RateLimiter, chain_depth, with_depth
 from .padding import PaddingFinding, scan_text, strip_invisible
 from .pagination import Pagination
+from .report import CapReport
 from .settings import DEFAULT_PRICING, GUARD_MODES, GuardSettings, PaddingSettings, ToolGuard, ToolPolicy
-from .truncate import CapReport, cap_result, cut_json, cut_text, safe_boundary
+from .text_cut import cut_text, safe_boundary
 
 __all__ = [
     "ACTIONS", "ALLOW", "ANNOTATE", "CHAIN_DEPTH", "DEFAULT_PRICING", "GUARD_MODES", "META_DEPTH_KEY",

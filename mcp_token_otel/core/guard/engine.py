@@ -22,12 +22,12 @@ from ..measure import DEFAULT_POLICY, Measurement, Policy, measure_result
 from ..risk import tier_of
 from . import notices
 from .annotate import META_GUARD_KEY, annotate
+from .cap import cap_result
 from .cost import cost_usd
 from .limits import RateLimiter, chain_depth
 from .padding import PaddingFinding, scan_text, strip_invisible
 from .pagination import Pagination
 from .settings import GuardSettings, ToolPolicy, resolve_tool
-from .truncate import cap_result
 
 #: Policy names (the ``policy`` label of the guard counters).
 RESPONSE_CAP = "response_cap"
@@ -126,6 +126,14 @@ def tool_error(text: str, policy: str, numbers: Mapping[str, int | float | str])
     }
 
 
+class Limiter(Protocol):
+    """What the rate limit asks (:class:`~.limits.RateLimiter` is one)."""
+
+    def hit(self, key: str, *, record_over: bool = False, now: float | None = None) -> tuple[bool, int]: ...
+
+    def forget(self, key: str) -> None: ...
+
+
 class GuardEngine:
     """The guard policies over one configuration; keeps per-session rate windows and learnt tool schemas."""
 
@@ -136,13 +144,17 @@ class GuardEngine:
         *,
         max_sessions: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        limiter: Limiter | None = None,
     ) -> None:
+        """``limiter``: where the rate limit counts calls (default: this process; a shared deployment passes one
+        over its shared budget store)."""
         self.settings = settings
         self.policy = policy
         modes = {settings.mode, *(o.mode for o in settings.tools.values() if o.mode is not None)}
         #: False when no guard can ever run: both entry points return at once.
         self.active = modes != {"off"}
-        self._limiter = RateLimiter(settings.calls_per_minute, 60.0, max_keys=max_sessions, clock=clock)
+        self._limiter: Limiter = limiter or RateLimiter(settings.calls_per_minute, 60.0, max_keys=max_sessions,
+                                                        clock=clock)
         self._tool_policies: dict[str | None, ToolPolicy] = {}
         self._tools: dict[str, ToolInfo] = {}
         #: Tool calls (tools/call requests let through) per session, for the notices; least recently used dropped.

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..spill.read import duration
+from .report import CapReport
+
 if TYPE_CHECKING:
+    from ..spill.document import JsonSummary
     from .padding import PaddingFinding
-    from .truncate import CapReport
 
 PREFIX = "mcp-token-otel"
 #: Starts every note appended after a result's content: a client that joins text blocks without a separator
@@ -40,6 +43,49 @@ def truncated(report: CapReport, tool: str | None, hint: str) -> str:
     elif report.over_cap_tokens:  # no schema to blame: too many arrays, too deep, or only short values
         parts.append(f"{report.over_cap_tokens:,} tokens stay above the limit: the JSON could not be cut further.")
     parts.append(hint + "]")
+    return " ".join(parts)
+
+
+#: Keys a JSON summary names at most, and characters of each: the notice stays one short line.
+_SUMMARY_KEYS = 8
+_KEY_CHARS = 24
+
+
+def _key(key: str) -> str:
+    shown = "".join(ch if ch.isprintable() else "?" for ch in key[: _KEY_CHARS + 1])
+    return shown if len(shown) <= _KEY_CHARS else shown[: _KEY_CHARS - 1] + "\u2026"
+
+
+def json_summary(summary: JsonSummary) -> str:
+    """One sentence on what a kept JSON value is: an array's item count and its items' keys, or an object's keys."""
+    where = summary.source + (f" (at {summary.pointer})" if summary.pointer else "")
+    keys = ", ".join(_key(k) for k in summary.keys[:_SUMMARY_KEYS])
+    more = " and more" if summary.more_keys or len(summary.keys) > _SUMMARY_KEYS else ""
+    if summary.shape == "object":
+        return f"{where} is a JSON object of {_plural(summary.count, 'key')}{': ' + keys + more if keys else ''}."
+    if summary.objects and keys:
+        return f"{where} is a JSON array of {_plural(summary.count, 'item')}, objects with keys {keys}{more}."
+    return f"{where} is a JSON array of {_plural(summary.count, 'item')}."
+
+
+def spill_hint(uri: str, *, resume: int, pages: int, page_tokens: int, tokens: int, ttl: float,
+               summaries: tuple[JsonSummary, ...] | list[JsonSummary] = (), omitted: tuple[str, ...] = ()) -> str:
+    """The hint of a truncation notice whose result was kept whole (at ``uri``, a spill's bare URI): the JSON
+    summaries first, then one sentence on how to read the rest, page by page (``omitted``: sources that could
+    not be kept, named after it)."""
+    parts = [json_summary(s) for s in summaries]
+    size = f"pages of up to {page_tokens:,} tokens"
+    if pages == 1:
+        how = f"read it with resources/read of {uri}?page=1 (one page)"
+    elif resume > 1:
+        how = (f"read on with resources/read of {uri}?page={resume} (where the text shown ends) to ?page={pages}, "
+               f"{size}")
+    else:
+        how = f"read it with resources/read of {uri}?page=1 to ?page={pages}, {size}"
+    parts.append(f"The whole response ({tokens:,} tokens) is kept: {how}, until {duration(ttl)} pass without a "
+                 "read.")
+    if omitted:
+        parts.append(f"Not kept: {', '.join(omitted[:3])} (not writable as JSON).")
     return " ".join(parts)
 
 

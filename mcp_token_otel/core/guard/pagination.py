@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..bounds import limit_kind
-
-if TYPE_CHECKING:
-    from .truncate import CapReport
+from .report import CapReport
 
 # Property names (lower case, without "_" and "-") that mean each kind of position input.
 _OFFSET = frozenset({"offset", "start", "startline", "skip", "from", "fromline", "startindex", "startat", "line",

@@ -11,11 +11,9 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
-GuardMode = Literal["off", "observe", "enforce"]
 GUARD_MODES: tuple[str, ...] = ("off", "observe", "enforce")
-PaddingAction = Literal["notice", "strip"]
 PADDING_ACTIONS: tuple[str, ...] = ("notice", "strip")
 #: Where guards can run (``guard.sides``): the shim's client and server sides and the proxy.
 GUARD_SIDES: tuple[str, ...] = ("client", "server", "proxy")
@@ -41,6 +39,8 @@ def _check(expect: str, ok: Callable[[Any], bool]) -> dict[str, Any]:
 
 _NON_NEGATIVE_INT = _check("a non-negative integer (0 turns the limit off)", lambda v: v >= 0)
 _POSITIVE_INT = _check("a positive integer", lambda v: v > 0)
+_SECONDS = _check("a positive number of seconds", lambda v: v > 0)
+_PAGE_TOKENS = _check("a non-negative integer (0: the response cap of the tool that was cut)", lambda v: v >= 0)
 _RATIO = _check("a number in (0, 1]", lambda v: 0 < v <= 1)
 _MODE = _check("one of " + ", ".join(GUARD_MODES), lambda v: v in GUARD_MODES)
 _ACTION = _check("one of " + ", ".join(PADDING_ACTIONS), lambda v: v in PADDING_ACTIONS)
@@ -105,6 +105,8 @@ class ToolGuard:
     annotate_meta: bool | None = None
     padding: bool | None = None
     padding_action: str | None = field(default=None, metadata=_optional(_ACTION))
+    #: false keeps this tool's results out of the spill (their cut is final); true keeps them for this tool alone.
+    spill: bool | None = None
 
     def __post_init__(self) -> None:
         _validate(self, "guard.tools.<tool>")
@@ -140,6 +142,15 @@ class GuardSettings:
     #: The sides whose adapters run the guards: an in-process client and server each guard what they
     #: handle; ["server"] leaves clients untouched, ["proxy"] guards only in the proxy.
     sides: list[str] = field(default_factory=lambda: list(GUARD_SIDES), metadata=_SIDES)
+    #: Keep a result the response cap cuts whole, readable page by page with resources/read (needs enforce mode
+    #: and a cap, in the section or in a tool's override).
+    spill: bool = False
+    #: Seconds a kept result stays after it was kept or last read.
+    spill_ttl: float = field(default=300.0, metadata=_SECONDS)
+    #: Memory all kept results of a process may hold together; the least recently read are dropped first.
+    spill_max_bytes: int = field(default=64 << 20, metadata=_POSITIVE_INT)
+    #: Tokens per page of a kept result; 0: the response cap of the tool that was cut.
+    spill_page_tokens: int = field(default=0, metadata=_PAGE_TOKENS)
 
     def __post_init__(self) -> None:
         if isinstance(self.sides, str):  # one side, or a comma-separated list, as a string
@@ -159,6 +170,29 @@ class GuardSettings:
         for pattern, override in self.tools.items():
             if not isinstance(override, ToolGuard):
                 raise ValueError(f"guard.tools.{pattern}: expected a mapping of overrides, got {override!r}")
+        if self.spill and not self.spills:
+            raise ValueError(
+                "guard.spill: expected guard.mode: enforce and a response cap (guard.max_response_tokens above 0), "
+                f"in the section or in one of guard.tools, got mode {self.mode!r} and cap {self.max_response_tokens}"
+            )
+        for pattern, override in self.tools.items():
+            policy = resolve_tool(self, pattern)
+            if override.spill and not (policy.enforce and policy.max_response_tokens > 0):
+                raise ValueError(
+                    f"guard.tools.{pattern}.spill: expected the tool's mode to be enforce and its response cap above "
+                    f"0, got mode {policy.mode!r} and cap {policy.max_response_tokens}"
+                )
+
+    def spill_page_size(self, cap: int) -> int:
+        """Tokens per page of a result cut at ``cap``: guard.spill_page_tokens, never above the cap (0: the cap)."""
+        return min(self.spill_page_tokens, cap) if self.spill_page_tokens else cap
+
+    @property
+    def spills(self) -> bool:
+        """Whether any tool can have a result kept: spill on, enforce mode and a cap, in the section or a tool's
+        override (the guard keeps a spill store only then)."""
+        policies = [resolve_tool(self, None), *(resolve_tool(self, pattern) for pattern in self.tools)]
+        return any(p.spill and p.enforce and p.max_response_tokens > 0 for p in policies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +204,8 @@ class ToolPolicy:
     annotate_meta: bool
     padding: bool
     padding_action: str
+    #: Keep this tool's result whole when the cap cuts it (guard.spill, or the tool's override).
+    spill: bool = False
 
     @property
     def active(self) -> bool:
@@ -192,7 +228,7 @@ def resolve_tool(settings: GuardSettings, tool: str | None) -> ToolPolicy:
                     break
     base = ToolPolicy(
         settings.mode, settings.max_response_tokens, settings.annotate_meta, settings.padding.enabled,
-        settings.padding.action,
+        settings.padding.action, settings.spill,
     )
     if override is None:
         return base
@@ -202,4 +238,5 @@ def resolve_tool(settings: GuardSettings, tool: str | None) -> ToolPolicy:
         override.annotate_meta if override.annotate_meta is not None else base.annotate_meta,
         override.padding if override.padding is not None else base.padding,
         override.padding_action if override.padding_action is not None else base.padding_action,
+        override.spill if override.spill is not None else base.spill,
     )

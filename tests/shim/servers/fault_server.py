@@ -7,10 +7,10 @@ recorder's fault counts (excluded from the comparison of results).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,7 @@ def make_server() -> MCPServer:
     @server.tool()
     def _fault_report() -> str:
         if RECORDER is not None:
-            for sink in RECORDER.sinks:  # deferred metric points (and their faults) are handled now
-                with contextlib.suppress(Exception):  # the broken sink's flush raises too
-                    sink.flush()
+            RECORDER.flush()  # deferred metric points (and their faults) are handled now
         return json.dumps(dict(RECORDER.error_counts) if RECORDER is not None else {})
 
     @server.resource("res://ok")
@@ -92,37 +90,51 @@ def make_server() -> MCPServer:
 
 def _instrument_with_fault(fault: str) -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root, for tests.faults
+    import pytest
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     from mcp_token_otel.config import config_from_dict
     from mcp_token_otel.core.measure import Policy
-    from mcp_token_otel.instrumentation import instrument, prometheus_service
+    from mcp_token_otel.emitters.prometheus_multiprocess import SharedFilesAggregate
+    from mcp_token_otel.instrumentation import instrument
     from tests import faults
 
+    global _FILES
     tracer_provider: Any = TracerProvider()
     meter_provider: Any = MeterProvider()
+    patch = pytest.MonkeyPatch()  # undone when the process ends
     if fault == "span_processor":
         tracer_provider.add_span_processor(faults.RaisingProcessor())
     elif fault == "exporter":
         tracer_provider.add_span_processor(SimpleSpanProcessor(faults.RaisingExporter()))
     elif fault == "meter":
         meter_provider = faults.BrokenMeterProvider()
+    elif fault == "prometheus":
+        _FILES = tempfile.TemporaryDirectory(prefix="mcp-token-faults-")
+        faults.shared_files_mode(patch, _FILES.name)
     prometheus = {"enabled": True, "port": 0} if fault == "prometheus" else {}
     recorder = instrument(config_from_dict({"estimator": "chars/4", "prometheus": prometheus}),
                           tracer_provider=tracer_provider, meter_provider=meter_provider)
     if fault == "estimator":
         recorder.policy = Policy(estimator=faults.raising_estimator, estimator_name="broken")
-    elif fault == "sink":
-        recorder.add_sink(faults.BrokenSink())
-    elif fault == "slow_sink":
-        recorder.add_sink(faults.SlowSink())
+    elif fault == "aggregate":
+        faults.break_aggregate(recorder)
+    elif fault == "listener":
+        recorder.listeners.append(faults.RaisingListener())
+    elif fault == "slow_aggregate":
+        faults.SlowAggregate(recorder)
     elif fault == "budget":
         faults.break_budgets(recorder)
     elif fault == "prometheus":
-        assert faults.break_prometheus(prometheus_service().metrics) > 0
+        assert isinstance(recorder.aggregate, SharedFilesAggregate)
+        faults.break_prometheus(patch)
     return recorder
+
+
+#: The multiprocess files' directory of the "prometheus" fault (removed when the process ends).
+_FILES: Any = None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""Fixtures of the budget store tests: a real redis-server (module-wide, or one per test that kills it)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_token_otel.config import BudgetConfig, config_from_dict
+
+from ..support import _missing
+from .redis_server import RedisServer
+
+_prefixes = itertools.count()
+
+
+def _require_redis_client() -> None:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        _missing("the redis package (the test extra)")
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the module's tests; each test isolates itself with its own key prefix."""
+    _require_redis_client()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test alone (the test may kill, restart or slow it)."""
+    _require_redis_client()
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def budget_for(request: pytest.FixtureRequest) -> Callable[..., BudgetConfig]:
+    """``budget_for(server, **keys)``: a budget section on ``server`` with a key prefix no other test uses. Its
+    deadline is generous (a loaded machine must not turn a test into an outage); the deadline's own test sets
+    one."""
+    prefix = f"t{next(_prefixes)}-{request.node.name[:40]}:"
+
+    def make(server: RedisServer, **budget: Any) -> BudgetConfig:
+        section = {"store": server.url, "store_prefix": prefix, "context_window": 1000, "store_timeout": 5.0,
+                   **budget}
+        return config_from_dict({"budget": section}).budget
+
+    return make
+
+
+@pytest.fixture
+def open_redis() -> Iterator[Callable[..., Any]]:
+    """``open_redis(budget, **options)``: a RedisStore closed at the end of the test."""
+    from mcp_token_otel.store.redis_store import RedisStore
+
+    stores: list[RedisStore] = []
+
+    def make(budget: BudgetConfig, **options: Any) -> RedisStore:
+        store = RedisStore(budget, **options)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()
