@@ -360,8 +360,8 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
     streams: dict[int, MessageStream] = {}
     measurer = telemetry.measurer
     stats = telemetry.stats
-    # The host store's copy of the proxy's own counts follows the records that change them within 50 ms
-    # (Telemetry.sync_stats), so a measuring process killed loses at most that much of them.
+    # The host store's copy of the proxy's own counts follows each record that changes them
+    # (Telemetry.sync_stats), so a measuring process killed loses none of what it counted.
     sync = getattr(telemetry, "sync_stats", None) or (lambda: None)
     while True:
         header = _read_exact(source, HEADER.size)

@@ -6,8 +6,6 @@ import dataclasses
 import logging
 import os
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,39 +55,26 @@ def _attach(path: str, server_name: str) -> Any:
         return None
 
 
-class _ReaderWrites:
-    """The families read from live state (the proxy's own counts, live sessions) written into the host store's
-    files soon after they change: at most every LINGER seconds, from a thread that sleeps while nothing does
-    (an idle proxy costs no wake-up), so a measuring process killed now loses at most that much of them."""
+class _CountsToFiles:
+    """The proxy's own counts written into the host store's files as soon as a measured record changes them
+    (the aggregate writes the families it reads once a second, and at close), so a measuring process killed
+    at any moment loses none of what it counted. A handful of values: cheap next to measuring a message."""
 
-    LINGER = 0.05
+    def __init__(self, aggregate: Any, stats: ProxyStats) -> None:
+        self.aggregate = aggregate
+        self.stats = stats
+        self.last: Any = None
 
-    def __init__(self, write: Callable[[], None]) -> None:
-        self._write = write
-        self._changed = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="mcp-token-otel-readers", daemon=True)
-        self._thread.start()
-
-    def changed(self) -> None:
-        self._changed.set()
-
-    def _run(self) -> None:
-        while True:
-            self._changed.wait()
-            if self._stopping:
-                return
-            time.sleep(self.LINGER)
-            self._changed.clear()
-            try:
-                self._write()
-            except Exception:  # the recorder writes them again at close
-                logger.debug("mcp_token_otel proxy: writing the read families failed", exc_info=True)
-
-    def close(self) -> None:
-        self._stopping = True
-        self._changed.set()
-        self._thread.join(5)
+    def sync(self) -> None:
+        stats = self.stats
+        now = (tuple(stats.messages.values()), stats.oversize, stats.dropped())
+        if now == self.last:
+            return
+        self.last = now
+        for name, rows in _stats_rows(stats).items():
+            for labels, value in rows:
+                # A cumulative count this process owns: its file holds the total (as write_readers does).
+                self.aggregate.child(name, labels)._value.set(value)
 
 
 class Telemetry:
@@ -103,7 +88,7 @@ class Telemetry:
         self.configured = False
         # Before the recorder: its metrics go into the store's files when PROMETHEUS_MULTIPROC_DIR is set.
         self.writer: Any = _attach(host_store, server_name) if host_store is not None else None
-        self._reader_writes: _ReaderWrites | None = None
+        self._counts: _CountsToFiles | None = None
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
             from ..emitters.otel_setup import configure_otel
@@ -114,9 +99,8 @@ class Telemetry:
         self.stats = ProxyStats(server_name)
         _read_stats(self.recorder, self.stats)
         self.prometheus: Any = None
-        write = getattr(self.recorder.aggregate, "write_readers", None)
-        if self.writer is not None and callable(write):
-            self._reader_writes = _ReaderWrites(write)
+        if self.writer is not None and callable(getattr(self.recorder.aggregate, "child", None)):
+            self._counts = _CountsToFiles(self.recorder.aggregate, self.stats)
         elif metrics_port is not None or config.prometheus.enabled:
             from ..emitters.prometheus_service import start_prometheus
 
@@ -140,9 +124,12 @@ class Telemetry:
             self.measurer = Measurer(self.recorder, self.stats)
 
     def sync_stats(self) -> None:
-        """The proxy's counts changed (a record was measured): into the host store soon, when it writes there."""
-        if self._reader_writes is not None:
-            self._reader_writes.changed()
+        """A record was measured: the proxy's counts into the host store now, when it writes there."""
+        if self._counts is not None:
+            try:
+                self._counts.sync()
+            except Exception:  # the recorder writes them again at close
+                logger.debug("mcp_token_otel proxy: writing the proxy's counts failed", exc_info=True)
 
     @property
     def metrics_port(self) -> int | None:
@@ -154,8 +141,6 @@ class Telemetry:
         exit hook does it, once (a second shutdown is an SDK warning on stderr), within
         ``otel.shutdown_timeout_seconds``, flushing the spans and metrics the recorder has just ended."""
         self.measurer.close(timeout)
-        if self._reader_writes is not None:
-            self._reader_writes.close()
         self.recorder.close()  # writes the read families (the proxy's counts, live sessions) a last time
         if self.prometheus is not None:
             self.prometheus.close()

@@ -36,12 +36,22 @@ def one_session(state_home: Path, name: str, guarded: bool) -> None:
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}}]
     messages += [{"jsonrpc": "2.0", "id": i, "method": "tools/call",
                   "params": {"name": "read", "arguments": {"text": "z" * 3600}}} for i in range(1, 5)]
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "mcp_token_otel", "proxy", "--name", name, "--", sys.executable, str(RAW),
          "responder"],
-        input=b"".join(json.dumps(m).encode() + b"\n" for m in messages), capture_output=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.splitlines()) == len(messages)  # every request answered (or refused) on the way
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        for message in messages:  # as a client does: each call once the one before is answered
+            proc.stdin.write(json.dumps(message).encode() + b"\n")
+            proc.stdin.flush()
+            assert json.loads(proc.stdout.readline())["id"] == message["id"]  # answered, or refused on the way
+        proc.stdin.close()
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.slow
