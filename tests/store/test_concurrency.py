@@ -12,7 +12,7 @@ import pytest
 
 from mcp_token_otel.store import KeyHasher
 
-from .redis_server import RedisServer
+from ..redis_server import RedisServer
 from .workers import replica, tokens_of
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from mcp_token_otel.store import KeyHasher
 
+from ..redis_server import RedisServer
 from ..support import free_port
-from .redis_server import RedisServer
 
 STORE_LOG = "mcp_token_otel.store"
 
