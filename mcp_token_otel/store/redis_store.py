@@ -277,8 +277,9 @@ class RedisStore:
 
     def _rate(self, side: str, key: str, window_s: float, limit: int, record_over: bool) -> int:
         if self.health.try_store():
-            with self._lock:
-                entry = self._tables[side].get(key)
+            with self._lock:  # any side names a window (the guards' is not a budget's side)
+                table = self._tables.get(side)
+                entry = table.get(key) if table is not None else None
             hid = entry.hid if entry is not None else self._hash(side, key)
             try:
                 count = self._rate_script(

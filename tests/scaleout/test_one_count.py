@@ -127,3 +127,22 @@ def test_sessions_and_utilization_count_the_conversation_once(tmp_path: Path, re
         ends = [r.metrics().value("mcp_token_session_utilization_ratio_count", side=side) for r in deployed]
         assert ends == [1 if i == owner else 0 for i in range(len(deployed))]
         wait_for(lambda: not client.keys(f"{prefix}*"), timeout=30, what="the conversation's keys expire")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_rate_limit_is_one_window_for_every_replica(kind: str, tmp_path: Path, redis_server: RedisServer,
+                                                        prefix: str, propagating_client: None) -> None:
+    """``guard.calls_per_minute: 5`` over three replicas: the conversation's sixth call is refused wherever it lands
+    (with the memory store each replica would let 5 a minute through: 15 for the conversation)."""
+    side = "server" if kind == "server" else "proxy"
+    guard = {"MCP_TOKEN_OTEL_GUARD_MODE": "enforce", "MCP_TOKEN_OTEL_GUARD_RATE_LIMIT": "true",
+             "MCP_TOKEN_OTEL_GUARD_CALLS_PER_MINUTE": "5", "MCP_TOKEN_OTEL_GUARD_SIDES": side}
+    with deployment(kind, 3, tmp_path, redis_server, prefix, **guard) as (deployed, _):
+        results = run_conversation(deployed, "conversation-rate", calls=9, n=100)
+        wait_measured(deployed, side, 9)
+        assert [r.is_error for r in results] == [False] * 5 + [True] * 4
+        per_replica = [r.metrics().value("mcp_token_guard_actions_total", side=side, policy="rate_limit",
+                                         action="refused", enforced="true") for r in deployed]
+        assert per_replica == [1, 1, 2]  # calls 6 to 9 landed on replicas 2, 0, 1 and 2 (call i on i % 3)
+        assert total(deployed, "mcp_token_budget_store_errors_total") == 0

@@ -220,6 +220,10 @@ def test_shared_rate_window(redis_server: RedisServer, budget_for: Any, open_red
     observe = [a.rate("server", "o", 60.0, 2, record_over=True) for _ in range(4)]
     assert observe == [1, 2, 3, 3]  # logged, but the window keeps the newest `limit` events
     assert a.rate("client", "s", 60.0, 3) == 1  # another side, another window
+    # The guards' own side (the recorder's rate limit keys its windows "guard", per side and conversation).
+    errors: list[str] = []
+    guard = open_redis(budget_for(redis_server), on_error=errors.append)
+    assert [guard.rate("guard", "server:conv", 60.0, 2) for _ in range(3)] == [1, 2, 3] and errors == []
     assert b.rate("server", "short", 0.2, 5) == 1
     assert b.rate("server", "short", 0.2, 5) == 2
     client = redis_server.client()
