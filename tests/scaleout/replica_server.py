@@ -4,8 +4,9 @@ store, /metrics, the guards).
 
     python tests/scaleout/replica_server.py PORT [--plain]
 
-``--plain`` runs it uninstrumented (the upstream server behind the HTTP proxies). Its one tool, ``fetch``, answers
-``n`` characters of a report (about 4 KB by default).
+``--plain`` runs it uninstrumented (the upstream server behind the HTTP proxies). Its tool ``fetch`` answers ``n``
+characters of a report (about 4 KB by default); ``--extra-tool`` lists one more tool (a replica whose tools/list
+differs from the others', as during a rolling upgrade).
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def main() -> None:
     def fetch(n: int = 4000) -> str:
         """Return ``n`` characters of a report."""
         return REPORT[:n]
+
+    if "--extra-tool" in sys.argv:
+
+        @server.tool()
+        def summary() -> str:
+            """Return the report's first line."""
+            return REPORT[:21]
 
     uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
 

@@ -33,6 +33,8 @@ from .conftest import (
     deployment,
     round_robin,
     run_conversation,
+    running,
+    server_replicas,
     shared_budget,
     total,
     transitions,
@@ -146,3 +148,21 @@ def test_the_rate_limit_is_one_window_for_every_replica(kind: str, tmp_path: Pat
                                          action="refused", enforced="true") for r in deployed]
         assert per_replica == [1, 1, 2]  # calls 6 to 9 landed on replicas 2, 0, 1 and 2 (call i on i % 3)
         assert total(deployed, "mcp_token_budget_store_errors_total") == 0
+
+
+@pytest.mark.slow
+def test_repeats_and_tool_list_churn_are_seen_across_replicas(tmp_path: Path, redis_server: RedisServer,
+                                                               prefix: str, propagating_client: None) -> None:
+    """The same call on another replica is a repeat, a tools/list that differs from the one another replica served
+    the conversation is prompt-cache churn (with the memory store neither replica would see either)."""
+    replicas = server_replicas(2, tmp_path, redis_server, prefix)
+    replicas[1].argv.append("--extra-tool")  # its tools/list differs from replica 0's
+    with running(replicas) as deployed:
+        # Each client lists the tools before its first call, in the conversation: replica 0, then replica 1.
+        run_conversation(deployed, "conversation-repeat", calls=2, n=100)
+        wait_measured(deployed, "server", 2)
+        first, second = (r.metrics() for r in deployed)
+        assert first.value("mcp_token_wasted_tokens_total", kind="repeated") == 0
+        assert second.value("mcp_token_wasted_tokens_total", kind="repeated") > 0
+        assert first.value("mcp_token_prompt_cache_invalidations_total") == 0
+        assert second.value("mcp_token_prompt_cache_invalidations_total") == 1
