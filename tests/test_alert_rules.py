@@ -60,6 +60,8 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_prompt_cache_invalidations_total": {"side", "server"},
     "mcp_token_prompt_cache_resent_tokens_total": {"side", "server"},
     "mcp_token_wasted_tokens_total": {"side", "server", "tool", "kind"},
+    # With a shared budget store only (budget.store: a Redis URL).
+    "mcp_token_budget_store_errors_total": {"server", "op"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}
@@ -76,6 +78,7 @@ LABEL_VALUES: dict[str, set[str]] = {
     "enforced": {"true", "false"},
     "part": set(DEFINITION_PARTS),
     "kind": set(WASTE_KINDS),
+    "op": {"add", "peek", "rate", "end", "flush", "probe"},
 }
 
 

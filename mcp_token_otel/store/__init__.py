@@ -8,8 +8,6 @@ owner). The Redis client is imported only when a Redis URL is configured (the ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..config import BudgetConfig, ConfigError
 from .base import (
     BudgetEnd,
@@ -22,9 +20,6 @@ from .base import (
     stable_digest,
 )
 from .memory import MemoryStore
-
-if TYPE_CHECKING:
-    from .redis_store import TransitionCallback
 
 __all__ = [
     "BudgetEnd",
@@ -46,7 +41,6 @@ def open_store(
     repeat_window: float = 60.0,
     on_end: EndCallback | None = None,
     on_error: ErrorCallback | None = None,
-    on_transition: TransitionCallback | None = None,
 ) -> BudgetStore:
     """The store ``budget.store`` names. A Redis URL without the ``redis`` package raises ConfigError naming the
     key; nothing is connected here (the first operation connects, within ``budget.store_timeout``)."""
@@ -58,5 +52,4 @@ def open_store(
         raise ConfigError(
             "config key 'budget.store': a Redis URL needs the redis package: pip install 'mcp-token-otel[redis]'"
         ) from None
-    return RedisStore(budget, repeat_window=repeat_window, on_end=on_end, on_error=on_error,
-                      on_transition=on_transition)
+    return RedisStore(budget, repeat_window=repeat_window, on_end=on_end, on_error=on_error)
