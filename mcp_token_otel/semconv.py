@@ -96,6 +96,10 @@ A_ESTIMATOR = "mcp_token.estimator"
 A_SESSION_TOKENS = "mcp_token.session.tokens"
 A_SESSION_UTILIZATION = "mcp_token.session.utilization"
 A_SESSION_STATE = "mcp_token.session.state"
+#: With a shared budget store: what the session figures (and a guard's decision) were decided on, ``shared`` (the
+#: store) or ``local`` (this replica's own count, the store unreachable).
+A_BUDGET_SOURCE = "mcp_token.budget.source"
+A_GUARD_BUDGET_SOURCE = "mcp_token.guard.budget_source"
 A_ADVISORY = "mcp_token.advisory"
 #: Estimated USD of the response entering the context (guard.model's price; absent without a model).
 A_COST_USD = "mcp_token.cost_usd"

@@ -146,7 +146,8 @@ class Call:
         if span is None:
             span = self._events = self._events or _Events()
         try:
-            refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server)
+            refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server,
+                                          self.held)
             if refusal is not None:
                 self.refusal = shaped_result(refusal, self.version)
         except Exception:  # the guards catch their own faults; this is the boundary around the rest

@@ -17,7 +17,7 @@ from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from ..core.guard.settings import GuardSettings
 from ..core.measure import Measurement, Policy
 from ..emitters.aggregate import Aggregate
-from ..semconv import EVENT_GUARD
+from ..semconv import A_GUARD_BUDGET_SOURCE, EVENT_GUARD
 from .label_bounds import LabelBounds
 from .ledger import SessionLedger, Side
 from .spans import enabled
@@ -90,17 +90,23 @@ class GuardOrchestrator:
         self._touched: set[tuple[str, str, str | None]] = set()
 
     def request(
-        self, span: Span | None, side: Side, method: str, params: Any, key: str | None, server: str | None
+        self, span: Span | None, side: Side, method: str, params: Any, key: str | None, server: str | None,
+        held: dict[str, Any] | None = None,
     ) -> dict[str, Any] | None:
-        """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead."""
+        """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead. With a
+        shared budget store, ``held`` (the span attributes to set) gets what the decision read: the shared
+        figures, or this replica's own when the store did not answer."""
         if not self.active or side not in self.sides or not enabled():
             return None
         try:
+            budget = self._ledger.budget(side, key) if self._budget_on_request else None
+            if budget is not None and held is not None and self._ledger.shared:
+                held[A_GUARD_BUDGET_SOURCE] = budget.source
             decision = self.engine.on_request(
                 method,
                 params,
                 session_id=_rate_key(side, key) if key is not None else None,
-                budget=self._ledger.budget(side, key) if self._budget_on_request else None,
+                budget=budget,
             )
         except Exception:
             self._fault("guard")

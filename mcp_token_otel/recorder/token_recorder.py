@@ -90,6 +90,7 @@ class TokenRecorder:
         self.session_first = bool(self.key_sources) and self.key_sources[0].kind == "session"
         self._ledger = SessionLedger(budget, self.fault, self._session_ended, self._meta_evicted,
                                      repeat_window=self.config.metrics.repeat_window, store_error=self._store_error)
+        self._spans.shared = self._ledger.shared
         self._costs = ContextCosts(self.config.metrics.repeat_window, self.aggregate, self._labels, self.fault)
         self._guards = GuardOrchestrator(self.config.guard, self.policy, budget.max_sessions,
                                          (self._ledger, self._labels, self.aggregate, self.fault))
