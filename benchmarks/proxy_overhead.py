@@ -452,11 +452,13 @@ def bench_go_load(clients: int, blocks: int, block_seconds: float, go_server: st
         procs["floor"] = subprocess.Popen([programs["floor"], "-listen", f"127.0.0.1:{port}", "-upstream", origin])
         urls["floor"] = f"http://127.0.0.1:{port}/mcp"
         wait_listening(port)
+        metrics: dict[str, int] = {}
         for name, tree in (("proxy", ROOT), *([("baseline", baseline)] if baseline is not None else [])):
+            metrics[name] = free_port()
             port = free_port()
             procs[name] = subprocess.Popen(  # as users run it: default config, measuring on, /metrics served
                 _proxy("--listen", f"127.0.0.1:{port}", "--upstream", f"{origin}/mcp",
-                       "--metrics-port", str(free_port())), env=_env(None, tree), cwd=tree)
+                       "--metrics-port", str(metrics[name])), env=_env(None, tree), cwd=tree)
             urls[name] = f"http://127.0.0.1:{port}/mcp"
             wait_listening(port)
         arms = list(urls)
@@ -475,6 +477,9 @@ def bench_go_load(clients: int, blocks: int, block_seconds: float, go_server: st
                         calls = result["calls"] * (1 + 0.5 / block_seconds)
                         result |= {f"{part}_cpu_us": (after[part] - before[part]) / calls * 1e6 for part in after}
                     runs[label, arm].append(result)
+        # Every call relayed was measured (none dropped because the measuring process fell behind)?
+        measured = {name: _measured_calls(port, sum(r["answered"] for (_, a), rs in runs.items() if a == name
+                                                    for r in rs)) for name, port in metrics.items()}
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -501,13 +506,33 @@ def bench_go_load(clients: int, blocks: int, block_seconds: float, go_server: st
             for part in ("relay", "measuring"):
                 if f"{part}_cpu_us" in results[0]:
                     row[f"{part}_cpu_us"] = statistics.median(r[f"{part}_cpu_us"] for r in results)
+            if arm in measured:
+                row["measured"] = measured[arm]
             rows.append(row)
     return rows
 
 
+def _measured_calls(metrics_port: int, answered: int) -> tuple[int, int]:
+    """(tools/call answers the proxy's /metrics counted, answers the clients got), once the count stops
+    growing (the measuring process lags the relay by design; bounded wait)."""
+    import urllib.request
+
+    counted, deadline = -1, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        now = int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("mcp_token_responses_total{") and 'method="tools/call"' in line))
+        if now >= answered or now == counted:
+            return now, answered
+        counted = now
+        time.sleep(1.0)
+    return counted, answered
+
+
 def _load_table(rows: list[dict[str, Any]], markdown: bool) -> None:
     header = ["result", "arm", "calls/s", "(blocks' range)", "x floor", "(blocks' range)", "p50 µs", "p99 µs",
-              "CPU µs/call", "(relay + measuring)", "failed calls"]
+              "CPU µs/call", "(relay + measuring)", "failed calls", "calls measured"]
     lines = []
     for r in rows:
         ratios = r["block_ratios"]
@@ -517,7 +542,9 @@ def _load_table(rows: list[dict[str, Any]], markdown: bool) -> None:
             f"{r['min_calls_per_s']:,.0f}-{r['max_calls_per_s']:,.0f}", f"{r['x_floor']:.2f}",
             f"{min(ratios):.2f}-{max(ratios):.2f}", f"{r['p50_us']:,.0f}", f"{r['p99_us']:,.0f}",
             "" if cpu[0] is None else f"{cpu[0] + (cpu[1] or 0):,.0f}",
-            "" if not cpu[1] else f"{cpu[0]:,.0f} + {cpu[1]:,.0f}", str(r["errors"])])
+            "" if not cpu[1] else f"{cpu[0]:,.0f} + {cpu[1]:,.0f}", str(r["errors"]),
+            "" if "measured" not in r else "all" if r["measured"][0] >= r["measured"][1]
+            else f"{r['measured'][0]:,} of {r['measured'][1]:,}"])
     if markdown:
         print("| " + " | ".join(header) + " |\n|" + "|".join("---" for _ in header) + "|")
         for line in lines:

@@ -126,6 +126,7 @@ func main() {
 		firstErr sync.Once
 		bodySize atomic.Int64
 		counted  atomic.Int64
+		answered atomic.Int64 // every tools/call answered, warm-up included
 	)
 	start := time.Now()
 	measureFrom := start.Add(*warmup)
@@ -158,6 +159,7 @@ func main() {
 					firstErr.Do(func() { fmt.Fprintln(os.Stderr, "load:", err) })
 					continue
 				}
+				answered.Add(1)
 				if finished := began.Add(took); !finished.Before(measureFrom) && finished.Before(end) {
 					own = append(own, took) // calls completed within the window
 					bodySize.Add(int64(len(data)))
@@ -190,6 +192,7 @@ func main() {
 		"p90_us":         percentile(all, 0.90),
 		"p99_us":         percentile(all, 0.99),
 		"errors":         errors.Load(),
+		"answered":       answered.Load(),
 		"bytes_per_call": 0.0,
 	}
 	if n > 0 {
