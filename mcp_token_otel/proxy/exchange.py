@@ -351,7 +351,7 @@ class Exchange:
                 await uwriter.drain()
             if chunked:
                 uwriter.write(b"0\r\n\r\n")
-        await uwriter.drain()
+        await _drained(uwriter)
 
     def _response_head(self, response: Head) -> tuple[list[bytes], bool]:
         """The response head towards the client, as lines; whether the response has no body."""
@@ -425,16 +425,19 @@ class Exchange:
                         finished = True
                         rest = channel.finish()[0]
                         data = data + rest if rest else data
+                pieces = [out] if out and (data or stream or body.ended) else []  # a length's head waits for bytes
+                if pieces:
+                    out = b""
                 if framed:
                     if data:
-                        data = b"%x\r\n" % len(data) + data + b"\r\n"
+                        pieces += (b"%x\r\n" % len(data), data, b"\r\n")
                     if body.ended:
-                        data += b"0\r\n\r\n"
-                if out and (data or stream or body.ended):  # a length-framed body's head waits for its bytes
-                    data, out = out + data, b""
-                if data:
-                    writer.write(data)
-                    await writer.drain()
+                        pieces.append(b"0\r\n\r\n")
+                elif data:
+                    pieces.append(data)
+                if pieces:
+                    writer.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # one copy, one send
+                    await _drained(writer)
                 if body.ended:
                     return True
                 if stream and hook is not None and hook.on_change is None:
@@ -476,6 +479,14 @@ class Exchange:
             large = self.relay.guard and response.length is not None and response.length > measurer.max_message
             return Channel(measurer, self.tracker, S2C, BODY, guard=not large)
         return None
+
+
+async def _drained(writer: asyncio.StreamWriter) -> None:
+    """``writer.drain()`` when it has anything to do: what was written is still buffered (the peer is slower:
+    wait, backpressure) or the connection is lost (it raises); a write the socket took whole needs neither."""
+    transport = writer.transport
+    if transport.get_write_buffer_size() or transport.is_closing():
+        await writer.drain()
 
 
 _REASONS = {UNAVAILABLE: "upstream unavailable", CLOSED_EARLY: "upstream closed the connection before answering"}
