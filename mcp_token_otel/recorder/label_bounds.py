@@ -34,7 +34,7 @@ class LabelBounds:
         self.override = config.server_name or None
         #: A name the user gave (the proxy's --name): before anything the server says.
         self.default_server = default_server
-        #: The name until a server names itself (the proxy's, from its command line).
+        #: The name until a server names itself (a proxy's, from its command line; "_unknown" when it has none).
         self.fallback_server = fallback_server
         #: The first name a server gave itself in this process (a proxy fronts one server): for the series that
         #: belong to no session.
@@ -68,7 +68,7 @@ class LabelBounds:
             elif meta is not None:
                 name = self.own_name(meta.server) if meta.server is not None else self.fallback_server
             else:
-                name = self.learned or self.fallback_server
+                name = self._sessionless()
         if not name:
             return UNKNOWN_SERVER
         try:
@@ -76,6 +76,13 @@ class LabelBounds:
         except Exception:
             self._fault("metrics")
             return UNKNOWN_SERVER
+
+    def _sessionless(self) -> str:
+        """The name of what belongs to no session: a proxy's (it fronts one server, and has a fallback name) is
+        the first name its server gave; a shim's, which may talk to many servers, none."""
+        if self.fallback_server:
+            return self.learned or self.fallback_server
+        return ""
 
     def awaits_name(self, meta: SessionMeta | None, server: str | None) -> bool:
         """Whether a session's label waits for its server to name itself (nothing given names it yet)."""
@@ -85,7 +92,7 @@ class LabelBounds:
         """The label of what belongs to no session (a fault, the configured budgets, the proxy's own counts): like
         :meth:`server` with no session, but never reports a fault, since its own faults would come back here."""
         try:
-            name = self.override or self.default_server or self.learned or self.fallback_server
+            name = self.override or self.default_server or self._sessionless()
             return (self.server_names(name) or UNKNOWN_SERVER) if name else UNKNOWN_SERVER
         except Exception:
             return UNKNOWN_SERVER
