@@ -117,6 +117,12 @@ M_GUARD_ACTION = "mcp_token.guard.action"
 M_GUARD_ENFORCED = "mcp_token.guard.enforced"
 #: The family an overflow count is about (mcp_token.series.overflow).
 M_FAMILY = "mcp_token.family"
+#: A read of a kept result (guard.spill): served, expired, not_found, forbidden or invalid, and the page served. The
+#: spill's id and uri never go on a span (the id is the only secret that guards it).
+A_SPILL_OUTCOME = "mcp_token.spill.outcome"
+A_SPILL_PAGE = "mcp_token.spill.page"
+#: Why a cut result was not kept (the spills-refused counter).
+M_SPILL_REASON = "mcp_token.spill.reason"
 
 
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:
