@@ -15,6 +15,8 @@ from opentelemetry.semconv.attributes.network_attributes import (
 )
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
+from .core.spill.uri import span_uri
+
 SCOPE_NAME = "mcp_token_otel"
 
 # Names the installed opentelemetry-semantic-conventions package defines are taken from it; an older package
@@ -179,7 +181,7 @@ def call_attributes(
     elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
         uri = params.get("uri")  # conditionally required on resources/read, subscribe, unsubscribe
         if isinstance(uri, str):
-            attrs[A_RESOURCE_URI] = uri
+            attrs[A_RESOURCE_URI] = span_uri(uri)  # a kept result's id is a secret: hidden
     if session_id:
         attrs[A_SESSION_ID] = session_id
     if request_id is not None:

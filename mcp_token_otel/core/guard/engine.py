@@ -158,7 +158,8 @@ class GuardEngine:
         over its shared budget store); ``spill_store``: where cut results are kept with ``guard.spill`` on
         (default: this process's memory)."""
         self.settings = settings
-        self._clock = clock
+        #: Seconds, monotonic: the rate windows' and the spills' clock.
+        self.clock = clock
         #: Where cut results are kept (None: no tool can spill).
         self.spill_store: SpillStore | None = None
         if settings.spills:  # enforce mode and a cap somewhere
@@ -210,7 +211,7 @@ class GuardEngine:
         error; None without a spill store."""
         if self.spill_store is None:
             return None
-        return read_spill(self.spill_store, uri, owner, self._clock(), protocol_version=protocol_version,
+        return read_spill(self.spill_store, uri, owner, self.clock(), protocol_version=protocol_version,
                           ttl=self.settings.spill_ttl)
 
     def cost_usd(self, tokens: int) -> float | None:
@@ -370,7 +371,7 @@ class GuardEngine:
                         if spill and tp.spill and self.spill_store is not None:  # kept whole, readable by pages
                             source = strip_result(result)[0] if tp.padding and tp.padding_action == "strip" else result
                             new, note = spill_cut(self.spill_store, s, self.policy, source, cut, report, tool=tool,
-                                                  cap=cap, owner=owner, now=self._clock(), tokens=m.data_tokens)
+                                                  cap=cap, owner=owner, now=self.clock(), tokens=m.data_tokens)
                         original_tokens = m.total_tokens
                     numbers: dict[str, int | float | str] = {
                         "tokens": report.total_tokens, "kept_tokens": report.kept_tokens, "cap": cap,
