@@ -235,7 +235,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_spill_reads", "counter", "reads",
            "Reads of kept results, by outcome: served; expired (the reader's own, gone after guard.spill_ttl without "
            "a read or dropped for room: raise guard.spill_ttl or guard.spill_max_bytes if it grows); not_found (no "
-           "such result here: replicas without a shared budget store, or ids being guessed); forbidden (another "
+           "such result here: replicas without a shared budget store, or ids being guessed); forbidden (a different "
            "conversation's result, answered as not_found); invalid (a malformed spill URI, a page out of range). "
            "tool is the cut tool's, empty when unknown.",
            ("side", "server", "tool", "outcome"), otel_name="mcp_token.spill.reads", otel_unit="{read}"),

@@ -156,7 +156,7 @@ class GuardOrchestrator:
                     call.refusal_error = answer.error
                 return answer.result
             if method in LISTINGS and self._added.get((call.side, call.server)):
-                return empty_listing(method)
+                return empty_listing(method, call.version)
         except Exception:
             self._fault("guard")
         return None

@@ -45,8 +45,6 @@ from .base import KeyHasher
 from .connection import FAILURES
 
 if TYPE_CHECKING:
-    import redis
-
     from .local import Health
 
 #: How long a tombstone outlives its spill (as the memory store keeps them).
@@ -131,9 +129,10 @@ class RedisSpillStore:
     """The :class:`~..core.spill.SpillStore` of a deployment whose budget store is Redis (made by
     :meth:`RedisStore.spill_store <.redis_store.RedisStore.spill_store>`: its client, health and key hashing)."""
 
-    def __init__(self, client: redis.Redis, health: Callable[[], Health], hasher: KeyHasher, prefix: str,
+    def __init__(self, client: Any, health: Callable[[], Health], hasher: KeyHasher, prefix: str,
                  ttl: float, max_bytes: int) -> None:
-        """``health``: the budget store's health as it is now (a forked child gets its own)."""
+        """``client``: the budget store's ``redis.Redis``; ``health``: its health as it is now (a forked child gets
+        its own)."""
         if ttl <= 0 or max_bytes <= 0:
             raise ValueError(f"ttl and max_bytes must be positive, got {ttl} and {max_bytes}")
         self.ttl = ttl
