@@ -204,8 +204,8 @@ class GuardOrchestrator:
         return outcome.result, outcome.actions, tokens, outcome.cost_usd
 
     def _spill(self, call: Call, note: SpillNote) -> None:
-        """A cut result kept (its tokens counted; its reads' series start at 0, so alerts see the first) or not
-        (why, counted); older ones dropped to make room."""
+        """A cut result kept (its tokens counted; its reads' and evictions' series start at 0, so alerts see the
+        first) or not (why, counted); older ones dropped to make room."""
         try:
             label = self._labels.server(self._ledger.find_meta(call.side, call.key), call.server)
             tool = self._labels.tool_names(note.tool, False) or ""
@@ -222,6 +222,7 @@ class GuardOrchestrator:
                     for outcome in READ_OUTCOMES:
                         agg.touch("mcp_token_spill_reads", (*key, outcome))
                     agg.touch("mcp_token_spill_read_tokens", key)
+                    agg.touch("mcp_token_spill_evictions", (call.side, label))
             if note.evicted:
                 agg.add("mcp_token_spill_evictions", (call.side, label), note.evicted)
         except Exception:
