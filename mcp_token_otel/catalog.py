@@ -227,7 +227,7 @@ FAMILIES: tuple[Family, ...] = (
            "Estimated tokens of tool results the response cap cut and kept whole (guard.spill), readable page by page "
            "through the link in the cut result. mcp_token_spill_read_tokens_total over it is the share the agent read "
            "back: near 0, the cap keeps what is needed; a large share, the cap is too tight for that tool.",
-           ("side", "server", "tool"), otel_name="mcp_token.spill.tokens", otel_unit="{token}"),
+           ("side", "server", "tool"), otel_name="mcp_token.spilled.tokens", otel_unit="{token}"),
     Family("mcp_token_spill_read_tokens", "counter", "tokens",
            "Estimated tokens of the kept pages served to resources/read (guard.spill): what the agent read back of "
            "what the response cap cut.",
@@ -243,7 +243,7 @@ FAMILIES: tuple[Family, ...] = (
            "Cut results not kept, by reason (the cut is delivered as it is): no_owner (no budget key: see "
            "budget.key), too_large (above guard.spill_max_bytes), too_many_pages (above 10,000 pages: raise "
            "guard.spill_page_tokens), empty, store (the store did not take it).",
-           ("side", "server", "tool", "reason"), otel_name="mcp_token.spill.refused", otel_unit="{result}"),
+           ("side", "server", "tool", "reason"), otel_name="mcp_token.spills.refused", otel_unit="{result}"),
     Family("mcp_token_spill_evictions", "counter", "results",
            "Kept results dropped before their TTL, least recently read first, to stay within guard.spill_max_bytes: "
            "their reads answer expired. Raise guard.spill_max_bytes when it keeps growing.",
