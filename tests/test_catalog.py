@@ -78,6 +78,16 @@ def record_everything(rec: TokenRecorder) -> None:
         exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, "s1",
                  error={"code": -32603, "message": "boom"}, attributes=CONVENTION)
         exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, None, result=BIG)  # unbudgeted: not kept
+        # A call that asks first (2026-07-28): an input_required answer, then the retry's final result (the logical
+        # call's duration).
+        asked = {"resultType": "input_required", "requestState": "sealed-1",
+                 "inputRequests": {"ok": {"method": "elicitation/create", "params": {"message": "Sure?"}}}}
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"path": "x"}}, "s1", result=asked,
+                 attributes=CONVENTION)
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"path": "x"}, "requestState": "sealed-1",
+                                           "inputResponses": {"ok": {"action": "accept"}}}, "s1",
+                 result={"content": [{"type": "text", "text": "done"}], "resultType": "complete"},
+                 attributes=CONVENTION)
         rec.end_session(side, "s1")  # utilization and durations
         for session in ("s2", "s3", "s4"):  # past budget.max_sessions: s2 is evicted
             exchange(rec, side, "tools/list", {}, session, result={"tools": [DUMP, SEARCH]}, attributes=CONVENTION)

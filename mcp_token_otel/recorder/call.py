@@ -25,7 +25,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from ..core.guard import GuardAction
-from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement, called_tool, measure_error, measure_request, measure_result
 from ..core.protocol import revalidated, shaped_result, wire_dict
 from ..core.risk import BREACH_TIERS
@@ -224,7 +223,8 @@ class Call:
         label = rec._label(meta, self.server)
         if key is None and self.budgeted:
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), m.total_tokens)
-        if label == UNKNOWN_SERVER and self.method in _NAMING and side != "server" and meta is not None:
+        if (meta is not None and self.method in _NAMING and side != "server"
+                and rec._labels.awaits_name(meta, self.server)):
             meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
         else:
             message_metrics(rec, side, self.method, self.tool, direction, m, label)
