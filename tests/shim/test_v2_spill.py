@@ -181,6 +181,27 @@ def test_in_process_the_file_reads_back_whole_and_stays_private(otel: Otel, mode
                                                                              **base)
 
 
+def test_both_sides_guarding_cut_once_and_read_back(otel: Otel) -> None:
+    """The client side guards too (guard.sides: every side): it keeps nothing, does not cut the cut result again
+    (the notice and the link are not the tool's data), and its reads go to the server, which answers them."""
+    with spilling(otel, sides=["client", "server"]) as recorder:
+        server = make_server()
+
+        async def script() -> None:
+            async with Client(server, mode="legacy") as client:
+                result, link = await cut_and_link(client)
+                assert sum(isinstance(b, types.ResourceLink) for b in result.content) == 1
+                assert sum("response truncated" in getattr(b, "text", "") for b in result.content) == 1
+                text, _ = await read_every_page(client, str(link.uri))
+                assert text == the_file()
+
+        run(script)
+        m = scrape(recorder)
+        assert m.value("mcp_token_guard_actions_total", side="client", policy="response_cap") == 0
+        assert m.value("mcp_token_spill_reads_total", side="client") == 0
+        assert m.value("mcp_token_spill_reads_total", side="server", outcome="served") >= 30
+
+
 def test_streamable_http_session(otel: Otel) -> None:
     with spilling(otel):
         async def client(port: int) -> None:
