@@ -192,3 +192,23 @@ def test_the_resources_capability_is_added_only_where_it_lacks(method: str) -> N
     assert kept.result is declared and not kept.capability
     assert e.on_result(method, bare, spill=False).result is bare
     assert engine(spill=False).on_result(method, bare).result is bare
+
+
+class BrokenStore:
+    """A store that fails on every put (a bug, an exhausted resource)."""
+
+    def put(self, owner: str | None, spill: Any, now: float) -> Any:
+        raise RuntimeError("the store broke")
+
+    def get(self, spill_id: str, owner: str | None, now: float) -> Any:
+        raise RuntimeError("the store broke")
+
+
+def test_a_fault_while_keeping_delivers_the_plain_cut() -> None:
+    result = file_result(source_file(8000))
+    plain = cut(GuardEngine(GuardSettings(mode="enforce", max_response_tokens=2000)), result).result
+    broken = GuardEngine(GuardSettings(mode="enforce", max_response_tokens=2000, spill=True),
+                         spill_store=BrokenStore())
+    outcome = cut(broken, result)
+    assert outcome.result == plain and outcome.spill is not None and outcome.spill.refused == "fault"
+    assert [a.action for a in outcome.actions] == ["truncated"]

@@ -197,3 +197,19 @@ def test_listings_are_answered_only_when_the_capability_was_added_here(rig: Any)
     assert listing("resources/list", "docs") is None  # the server lists its own
     # A read of any other uri goes on to the server.
     assert exchange(r.rec, "server", "resources/read", {"uri": "file:///x"}, "conv-a", guard=True)[0] is None
+
+
+def test_a_fault_while_keeping_is_counted_and_the_cut_delivered(rig: Any) -> None:
+    from .test_guard_spill import BrokenStore
+
+    r = rig()
+    r.rec.guard.spill_store = BrokenStore()
+    cut = r.call()
+    assert "truncated" in cut["content"][-1]["text"] and not is_spill_link(cut["content"][-1])
+    m = scrape(r.rec)
+    assert m.value("mcp_token_instrumentation_errors_total", stage="guard") == 1
+    assert not m.pick("mcp_token_spills_refused_total")
+    # A read that meets a broken store is a fault too: the request goes on to the server, unanswered here.
+    answer, _ = r.read("mcp-token-otel://spill/" + "0" * 32)
+    assert answer is None
+    assert scrape(r.rec).value("mcp_token_instrumentation_errors_total", stage="guard") == 2

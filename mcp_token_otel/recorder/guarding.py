@@ -17,7 +17,7 @@ from opentelemetry.trace import Span
 
 from ..core.guard import META_GUARD_KEY, GuardAction, GuardEngine
 from ..core.guard.settings import GuardSettings
-from ..core.guard.spilling import SpillNote
+from ..core.guard.spilling import FAULT, SpillNote
 from ..core.measure import Measurement, Policy
 from ..core.spill import CAPABILITY_METHODS, LISTINGS, READ_OUTCOMES, SERVED, ReadAnswer, empty_listing, is_spill_uri
 from ..emitters.aggregate import Aggregate
@@ -210,7 +210,9 @@ class GuardOrchestrator:
             label = self._labels.server(self._ledger.find_meta(call.side, call.key), call.server)
             tool = self._labels.tool_names(note.tool, False) or ""
             agg = self._aggregate
-            if note.refused is not None:
+            if note.refused == FAULT:  # the plain cut was delivered
+                self._fault("guard")
+            elif note.refused is not None:
                 agg.add("mcp_token_spills_refused", (call.side, label, tool, note.refused))
             else:
                 agg.add("mcp_token_spilled_tokens", (call.side, label, tool), note.tokens)

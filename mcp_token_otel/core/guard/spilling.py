@@ -3,7 +3,8 @@ where to read the rest. Pure, like the engine that calls it: the store is handed
 
 A result is not kept (the cut stays as it is, the reason counted) when the call has no budget key to own it
 (``no_owner``), when it takes more than ``guard.spill_max_bytes`` (``too_large``), when it would need more than
-10,000 pages (``too_many_pages``), when it has nothing to keep (``empty``) or when the store refuses it.
+10,000 pages (``too_many_pages``), when it has nothing to keep (``empty``) or when the store refuses it. A fault
+while keeping it (``fault``) delivers the plain cut too: the caller counts it as an instrumentation fault.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from ..spill import (
 from . import notices
 from .report import CapReport
 from .settings import GuardSettings
+
+#: SpillNote.refused when keeping the result failed (a fault, not a decision).
+FAULT = "fault"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,16 @@ def spill_cut(
     if not owner:
         return cut, SpillNote(tool, refused=NO_OWNER)
     try:
+        return _keep(store, settings, policy, result, cut, report, tool, cap, owner, now, tokens)
+    except Exception:  # never worse than the plain cut
+        return cut, SpillNote(tool, refused=FAULT)
+
+
+def _keep(store: SpillStore, settings: GuardSettings, policy: Policy, result: Mapping[str, Any],
+          cut: Mapping[str, Any], report: CapReport, tool: str | None, cap: int, owner: str, now: float,
+          tokens: int) -> tuple[Mapping[str, Any], SpillNote]:
+    notice_was, notice_tokens_was = report.notice, report.notice_tokens
+    try:
         spill = build_spill(result, settings.spill_page_size(cap), policy=policy, tokens=tokens, tool=tool,
                             max_bytes=settings.spill_max_bytes)
     except SpillRefused as exc:
@@ -78,8 +92,8 @@ def spill_cut(
     notice = notices.truncated(report, tool, hint)
     link = link_block(spill, stored.spill_id)
     estimator = policy.estimator
-    report.notice_tokens += (estimator(notice) - estimator(report.notice) + estimator(link["uri"])
-                             + estimator(link["name"]))
+    report.notice_tokens = (notice_tokens_was + estimator(notice) - estimator(notice_was) + estimator(link["uri"])
+                            + estimator(link["name"]))
     report.notice = notice
     # Counted as its pages' tokens: what reading all of it costs (the reads count the pages they serve).
     paged = sum(piece.tokens for page in spill.pages for piece in page)
