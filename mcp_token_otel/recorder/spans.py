@@ -16,6 +16,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from ..core.measure import Measurement, Policy
 from ..core.risk import BREACH_TIERS
+from ..core.spill import span_uri
 from ..semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
@@ -184,7 +185,7 @@ class SpanAnnotator:
             elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
                 uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
                 if isinstance(uri, str):
-                    hold[A_RESOURCE_URI] = uri
+                    hold[A_RESOURCE_URI] = span_uri(uri)  # a kept result's id is a secret: hidden
         except Exception:
             self._fault("span")
 

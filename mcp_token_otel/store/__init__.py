@@ -9,6 +9,7 @@ owner). The Redis client is imported only when a Redis URL is configured (the ``
 from __future__ import annotations
 
 from ..config import BudgetConfig, ConfigError
+from ..core.spill import MemorySpillStore, SpillStore
 from .base import (
     BudgetEnd,
     BudgetStore,
@@ -30,6 +31,7 @@ __all__ = [
     "MemoryStore",
     "SharedAnswer",
     "Source",
+    "open_spill_store",
     "open_store",
     "stable_digest",
 ]
@@ -53,3 +55,13 @@ def open_store(
             "config key 'budget.store': a Redis URL needs the redis package: pip install 'mcp-token-otel[redis]'"
         ) from None
     return RedisStore(budget, repeat_window=repeat_window, on_end=on_end, on_error=on_error)
+
+
+def open_spill_store(store: BudgetStore, ttl: float, max_bytes: int) -> SpillStore:
+    """Where cut results are kept (``guard.spill``): beside the budgets in a shared store, so any replica serves a
+    read; else in this process's memory."""
+    make = getattr(store, "spill_store", None)
+    if callable(make):
+        spills: SpillStore = make(ttl, max_bytes)
+        return spills
+    return MemorySpillStore(ttl, max_bytes)

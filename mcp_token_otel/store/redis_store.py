@@ -24,7 +24,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -35,6 +35,9 @@ from . import scripts
 from .base import BudgetEnd, EndCallback, ErrorCallback, KeyHasher, SharedAnswer
 from .connection import FAILURES, connection_pool
 from .local import Entry, Health, log
+
+if TYPE_CHECKING:
+    from .redis_spills import RedisSpillStore
 
 #: Seconds between tries of an unreachable store.
 _BACKOFF_S = 1.0
@@ -109,6 +112,13 @@ class RedisStore:
         self._faulted = False
         if not fresh:
             self._pool.reset()
+
+    def spill_store(self, ttl: float, max_bytes: int) -> RedisSpillStore:
+        """Where cut results are kept (``guard.spill``) in this store's Redis: its connections, health and key
+        hashing, so any replica serves a read."""
+        from .redis_spills import RedisSpillStore
+
+        return RedisSpillStore(self._redis, lambda: self.health, self._hash, self._prefix, ttl, max_bytes)
 
     # ------------------------------------------------------------------ keys
 
