@@ -4,9 +4,9 @@ a temporary directory unless ``--url`` names one).
 
 Arms run interleaved (a batch of each in turn, many rounds) so that a noisy neighbour on a shared machine
 weighs on all of them alike. Per call: wall time (median, mean, p99) and the calling thread's CPU time (a
-Redis round trip mostly waits: its CPU is what the instrumented process pays). A tool call is two messages:
-``redis call`` is a request held (``final=False``) then its response (one round trip), ``redis message`` one
-``final=True`` add (one round trip each); a plain PING on the same pool is the floor of any round trip.
+Redis round trip mostly waits: its CPU is what the instrumented process pays). A tool call is one add (its
+request's and its answer's tokens together): ``redis call`` is one round trip; a plain PING on the same pool is the
+floor of any round trip.
 
     python benchmarks/budget_store.py [--rounds 40] [--batch 250] [--conversations 1000] [--url redis://...]
 """
@@ -80,10 +80,6 @@ def arms(budget: BudgetConfig, url: str) -> dict[str, Arm]:
         memory.add("server", key, 120)
 
     def redis_call(key: str) -> None:
-        redis_store.add("server", key, 20, final=False)
-        redis_store.add("server", key, 120)
-
-    def redis_message(key: str) -> None:
         redis_store.add("server", key, 120)
 
     client = redis_store._redis  # the same pool: the floor any round trip pays
@@ -91,8 +87,8 @@ def arms(budget: BudgetConfig, url: str) -> dict[str, Arm]:
     def redis_ping(key: str) -> None:
         client.ping()
 
-    return {"registry (today)": today, "memory store": memory_add, "redis call (2 messages)": redis_call,
-            "redis message": redis_message, "redis PING (the client's floor)": redis_ping}
+    return {"registry (the session registry alone)": today, "memory store": memory_add, "redis call": redis_call,
+            "redis PING (the client's floor)": redis_ping}
 
 
 def run(rounds: int, batch: int, conversations: int, url: str) -> dict[str, tuple[list[int], list[float]]]:

@@ -17,16 +17,32 @@ printed beside the plain proxy's.
 ``--baseline DIR`` adds an arm running the proxy from another checkout (e.g. ``git worktree add /tmp/base REV``),
 interleaved with the others, so before and after are measured in the same conditions on a shared machine.
 
+``--load go`` is the throughput mode: concurrent clients against the Go MCP test server (tests/peers/go, built by
+scripts/go-peers; the official Go SDK's by default, ``--go-server mcpgo`` for mcp-go's), each client a loop of
+``tools/call`` POSTs over streamable HTTP after its own initialize, driven by a Go load generator
+(benchmarks/go/load). Arms: the server directly; the floor, a plain reverse-proxy hop that measures nothing
+(benchmarks/go/floor: the standard library's ``httputil.ReverseProxy``, responses flushed as they come); the
+proxy as users run it; ``--baseline``'s proxy. Both results, a small structured one (the ``weather`` tool) and a
+200-line document (``read_document``), in blocks of ``--block-seconds`` per arm, the arms' order rotating from
+block to block. Printed: each arm's calls per second (median of the blocks), its ratio to the floor (the
+median of each block's ratio to the floor's run in the same block), latency percentiles (medians of the
+blocks'), CPU per call of the relaying processes, and whether the proxy measured every call it relayed. The
+Go programs are built with ``go`` into the cache (nothing is fetched: standard library only).
+
     python benchmarks/proxy_overhead.py [--iterations 2000] [--large-iterations 300] [--transport stdio]
         [--server sdk|line] [--sizes 2000,200000] [--guard] [--baseline DIR] [--markdown]
+    python benchmarks/proxy_overhead.py --load go [--clients 8] [--blocks 6] [--block-seconds 3]
+        [--go-server gosdk|mcpgo] [--baseline DIR] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -365,6 +381,190 @@ def _targets(rows: list[dict[str, Any]]) -> None:
             print(f"target {where} {what} <= {limit:g}{unit}: {value:,.1f}{unit} {verdict}")
 
 
+# ---------------------------------------------------------------------- throughput under concurrent clients (Go)
+
+GO_SOURCES = ROOT / "benchmarks" / "go"
+#: The calls of the throughput mode: (label, tool, arguments) of the Go test server's tools.
+GO_CALLS = (("small", "weather", "{}"), ("200 lines", "read_document", '{"lines":200}'))
+
+
+def _go_programs() -> dict[str, str]:
+    """Paths of the floor hop, the load generator (built from benchmarks/go into the cache, keyed by their sources
+    and the Go version, as scripts/go-peers does) and the Go MCP test servers (scripts/go-peers)."""
+    if shutil.which("go") is None:
+        raise SystemExit("proxy_overhead.py --load go: 'go' is not on PATH: install Go 1.26 or later "
+                         "(https://go.dev/dl/) to build the load generator, the floor hop and the Go test server")
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0"}
+    digest = hashlib.sha256(subprocess.run(["go", "env", "GOVERSION", "GOOS", "GOARCH"], capture_output=True,
+                                           check=True, env=env).stdout)
+    for path in sorted(GO_SOURCES.rglob("*")):
+        if path.is_file() and (path.suffix == ".go" or path.name == "go.mod"):
+            digest.update(str(path.relative_to(GO_SOURCES)).encode() + b"\0" + path.read_bytes())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mcp-token-otel" / "bench-go"
+    dest = cache / digest.hexdigest()[:16]
+    dest.mkdir(parents=True, exist_ok=True)
+    programs = {}
+    for name in ("floor", "load"):
+        binary = dest / name
+        if not os.access(binary, os.X_OK):
+            partial = dest / f".{name}.{os.getpid()}"  # renamed when whole: a concurrent run never sees half of it
+            subprocess.run(["go", "build", "-trimpath", "-o", str(partial), f"./{name}"], cwd=GO_SOURCES, env=env,
+                           check=True)
+            partial.replace(binary)
+        programs[name] = str(binary)
+    peers = subprocess.run([str(ROOT / "scripts" / "go-peers")], capture_output=True, text=True)
+    if peers.returncode != 0:
+        raise SystemExit(f"proxy_overhead.py --load go: scripts/go-peers failed: {peers.stderr.strip()}")
+    programs |= {Path(path).name: path for path in peers.stdout.split()}
+    return programs
+
+
+def _tree_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a relaying process (``relay``) and of its descendants (``measuring``)."""
+    tree = _tree(pid)
+    return {"relay": _cpu(pid), "measuring": sum(_cpu(child) for child in tree if child != pid)}
+
+
+def _load(program: str, url: str, clients: int, seconds: float, tool: str, arguments: str) -> dict[str, Any]:
+    done = subprocess.run([program, "-url", url, "-clients", str(clients), "-duration", f"{seconds}s",
+                           "-warmup", "0.5s", "-tool", tool, "-arguments", arguments],
+                          capture_output=True, text=True, timeout=seconds + 60)
+    try:
+        result: dict[str, Any] = json.loads(done.stdout)
+    except ValueError:
+        raise SystemExit(f"load generator failed against {url}: {done.stderr.strip()}") from None
+    if result["errors"]:
+        print(f"warning: {result['errors']} failed calls against {url}: {done.stderr.strip()}", file=sys.stderr)
+    return result
+
+
+def bench_go_load(clients: int, blocks: int, block_seconds: float, go_server: str,
+                  baseline: Path | None) -> list[dict[str, Any]]:
+    """Calls per second of each arm (median of ``blocks``), per call of GO_CALLS; arms rotate within a block."""
+    programs = _go_programs()
+    server_port = free_port()
+    origin = f"http://127.0.0.1:{server_port}"
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls = {"direct": f"{origin}/mcp"}
+    try:
+        procs["server"] = subprocess.Popen([programs[go_server], "--http", f"127.0.0.1:{server_port}"])
+        wait_listening(server_port)
+        port = free_port()
+        procs["floor"] = subprocess.Popen([programs["floor"], "-listen", f"127.0.0.1:{port}", "-upstream", origin])
+        urls["floor"] = f"http://127.0.0.1:{port}/mcp"
+        wait_listening(port)
+        metrics: dict[str, int] = {}
+        for name, tree in (("proxy", ROOT), *([("baseline", baseline)] if baseline is not None else [])):
+            metrics[name] = free_port()
+            port = free_port()
+            procs[name] = subprocess.Popen(  # as users run it: default config, measuring on, /metrics served
+                _proxy("--listen", f"127.0.0.1:{port}", "--upstream", f"{origin}/mcp",
+                       "--metrics-port", str(metrics[name])), env=_env(None, tree), cwd=tree)
+            urls[name] = f"http://127.0.0.1:{port}/mcp"
+            wait_listening(port)
+        arms = list(urls)
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {(label, arm): [] for label, _, _ in GO_CALLS
+                                                              for arm in arms}
+        for block in range(blocks):
+            for label, tool, arguments in GO_CALLS:
+                order = arms[block % len(arms):] + arms[:block % len(arms)]
+                for arm in order:
+                    pid = procs[arm].pid if arm in procs else None
+                    before = _tree_cpu(pid) if pid is not None else None
+                    result = _load(programs["load"], urls[arm], clients, block_seconds, tool, arguments)
+                    if pid is not None and before is not None and result["calls"]:
+                        after = _tree_cpu(pid)
+                        # CPU over the whole run (warm-up, handshakes and closing included), per counted call.
+                        calls = result["calls"] * (1 + 0.5 / block_seconds)
+                        result |= {f"{part}_cpu_us": (after[part] - before[part]) / calls * 1e6 for part in after}
+                    runs[label, arm].append(result)
+        # Every call relayed was measured (none dropped because the measuring process fell behind)?
+        measured = {name: _measured_calls(port, sum(r["answered"] for (_, a), rs in runs.items() if a == name
+                                                    for r in rs)) for name, port in metrics.items()}
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    rows = []
+    for label, _, _ in GO_CALLS:
+        floor = [r["calls_per_s"] for r in runs[label, "floor"]]
+        for arm in arms:
+            results = runs[label, arm]
+            rates = [r["calls_per_s"] for r in results]
+            # Each block's ratio to the floor's run of the same block (the two ran seconds apart, under the
+            # same load from the rest of the machine); the median of those is the figure.
+            ratios = [a / b for a, b in zip(rates, floor, strict=True)]
+            row = {"result": label, "arm": arm, "calls_per_s": statistics.median(rates),
+                   "min_calls_per_s": min(rates), "max_calls_per_s": max(rates),
+                   "x_floor": statistics.median(ratios), "block_ratios": ratios,
+                   "p50_us": statistics.median(r["p50_us"] for r in results),
+                   "p99_us": statistics.median(r["p99_us"] for r in results),
+                   "errors": sum(r["errors"] for r in results),
+                   "bytes_per_call": statistics.median(r["bytes_per_call"] for r in results)}
+            for part in ("relay", "measuring"):
+                if f"{part}_cpu_us" in results[0]:
+                    row[f"{part}_cpu_us"] = statistics.median(r[f"{part}_cpu_us"] for r in results)
+            if arm in measured:
+                row["measured"] = measured[arm]
+            rows.append(row)
+    return rows
+
+
+def _measured_calls(metrics_port: int, answered: int) -> tuple[int, int]:
+    """(tools/call answers the proxy's /metrics counted, answers the clients got), once the count stops
+    growing (the measuring process lags the relay by design; bounded wait)."""
+    import urllib.request
+
+    counted, deadline = -1, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        now = int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("mcp_token_responses_total{") and 'method="tools/call"' in line))
+        if now >= answered or now == counted:
+            return now, answered
+        counted = now
+        time.sleep(1.0)
+    return counted, answered
+
+
+def _load_table(rows: list[dict[str, Any]], markdown: bool) -> None:
+    header = ["result", "arm", "calls/s", "(blocks' range)", "x floor", "(blocks' range)", "p50 µs", "p99 µs",
+              "CPU µs/call", "(relay + measuring)", "failed calls", "calls measured"]
+    lines = []
+    for r in rows:
+        ratios = r["block_ratios"]
+        cpu = [r.get("relay_cpu_us"), r.get("measuring_cpu_us")]
+        lines.append([
+            f"{r['result']} ({r['bytes_per_call'] / 1000:.1f} KB)", r["arm"], f"{r['calls_per_s']:,.0f}",
+            f"{r['min_calls_per_s']:,.0f}-{r['max_calls_per_s']:,.0f}", f"{r['x_floor']:.2f}",
+            f"{min(ratios):.2f}-{max(ratios):.2f}", f"{r['p50_us']:,.0f}", f"{r['p99_us']:,.0f}",
+            "" if cpu[0] is None else f"{cpu[0] + (cpu[1] or 0):,.0f}",
+            "" if not cpu[1] else f"{cpu[0]:,.0f} + {cpu[1]:,.0f}", str(r["errors"]),
+            "" if "measured" not in r else "all" if r["measured"][0] >= r["measured"][1]
+            else f"{r['measured'][0]:,} of {r['measured'][1]:,}"])
+    if markdown:
+        print("| " + " | ".join(header) + " |\n|" + "|".join("---" for _ in header) + "|")
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+        return
+    widths = [max(len(row[i]) for row in (header, *lines)) for i in range(len(header))]
+    for row in (header, *lines):
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+
+
+def _load_targets(rows: list[dict[str, Any]]) -> None:
+    """The target: the proxy relays at least 0.8x the floor's calls per second, for each result."""
+    for r in rows:
+        if r["arm"] == "proxy":
+            verdict = "met" if r["x_floor"] >= 0.8 else "MISSED"
+            print(f"target {r['result']}: proxy calls/s >= 0.8x the floor's: {r['x_floor']:.2f}x {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=2000, help="interleaved requests per arm at 2 KB")
@@ -377,7 +577,25 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
     parser.add_argument("--guard", action="store_true", help="add the arm with every guard policy on (observe)")
     parser.add_argument("--baseline", type=Path, metavar="DIR", help="add the arm of the proxy in another checkout")
+    parser.add_argument("--load", choices=("go",), help="throughput mode: concurrent clients (a Go load generator) "
+                        "against the Go test server, directly, through a plain Go reverse proxy and the proxy")
+    parser.add_argument("--clients", type=int, default=8, help="--load: concurrent clients")
+    parser.add_argument("--blocks", type=int, default=6, help="--load: blocks (one run of every arm and result)")
+    parser.add_argument("--block-seconds", type=float, default=3.0, help="--load: seconds counted per run")
+    parser.add_argument("--go-server", choices=("gosdk", "mcpgo"), default="gosdk",
+                        help="--load: the Go test server (official Go SDK: SSE answers; mcp-go: JSON answers)")
     args = parser.parse_args()
+    if args.load:
+        load_before = os.getloadavg()[0]
+        rows = bench_go_load(args.clients, args.blocks, args.block_seconds, args.go_server, args.baseline)
+        print(f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after; "
+              f"{args.go_server} server, {args.clients} clients, {args.blocks} blocks of {args.block_seconds:g} s "
+              "per arm and result, arms rotating; medians of the blocks")
+        _load_table(rows, args.markdown)
+        _load_targets(rows)
+        if args.json:
+            print(json.dumps(rows))
+        return
     sizes = [int(size) for size in args.sizes.split(",")]
     load_before = os.getloadavg()[0]
     rows = []

@@ -22,6 +22,7 @@ from .semconv import (
     A_RISK_TIER,
     A_SERVER_NAME,
     A_SESSION_STATE,
+    A_SPILL_OUTCOME,
     A_TOOL,
     A_TRANSPORT,
     M_DIRECTION,
@@ -31,6 +32,7 @@ from .semconv import (
     M_GUARD_POLICY,
     M_SCOPE,
     M_SIDE,
+    M_SPILL_REASON,
     M_STAGE,
     MCP_CLIENT_OPERATION_DURATION,
     MCP_CLIENT_SESSION_DURATION,
@@ -83,6 +85,8 @@ LABEL_ATTRIBUTES: dict[str, str] = {
     "part": M_DEFINITION_PART,
     "kind": M_WASTE_KIND,
     "op": M_STORE_OP,
+    "outcome": A_SPILL_OUTCOME,
+    "reason": M_SPILL_REASON,
 }
 
 
@@ -219,14 +223,40 @@ FAMILIES: tuple[Family, ...] = (
     Family("mcp_token_cost_usd", "counter", "USD",
            "Estimated USD of the results that entered the context (guard.model's input price).",
            ("side", "server", "tool"), otel_name="mcp_token.cost", otel_unit="USD"),
+    Family("mcp_token_spilled_tokens", "counter", "tokens",
+           "Estimated tokens of tool results the response cap cut and kept whole (guard.spill), readable page by page "
+           "through the link in the cut result. mcp_token_spill_read_tokens_total over it is the share the agent read "
+           "back: near 0, the cap keeps what is needed; a large share, the cap is too tight for that tool.",
+           ("side", "server", "tool"), otel_name="mcp_token.spilled.tokens", otel_unit="{token}"),
+    Family("mcp_token_spill_read_tokens", "counter", "tokens",
+           "Estimated tokens of the kept pages served to resources/read (guard.spill): what the agent read back of "
+           "what the response cap cut.",
+           ("side", "server", "tool"), otel_name="mcp_token.spill.read.tokens", otel_unit="{token}"),
+    Family("mcp_token_spill_reads", "counter", "reads",
+           "Reads of kept results, by outcome: served; expired (the reader's own, gone after guard.spill_ttl without "
+           "a read or dropped for room: raise guard.spill_ttl or guard.spill_max_bytes if it grows); not_found (no "
+           "such result here: replicas without a shared budget store, or ids being guessed); forbidden (a different "
+           "conversation's result, answered as not_found); invalid (a malformed spill URI, a page out of range). "
+           "tool is the cut tool's, empty when unknown.",
+           ("side", "server", "tool", "outcome"), otel_name="mcp_token.spill.reads", otel_unit="{read}"),
+    Family("mcp_token_spills_refused", "counter", "results",
+           "Cut results not kept, by reason (the cut is delivered as it is): no_owner (no budget key: see "
+           "budget.key), too_large (above guard.spill_max_bytes), too_many_pages (above 10,000 pages: raise "
+           "guard.spill_page_tokens), empty, store (the store did not take it).",
+           ("side", "server", "tool", "reason"), otel_name="mcp_token.spills.refused", otel_unit="{result}"),
+    Family("mcp_token_spill_evictions", "counter", "results",
+           "Kept results dropped before their TTL, least recently read first, to stay within guard.spill_max_bytes: "
+           "their reads answer expired. Raise guard.spill_max_bytes when it keeps growing.",
+           ("side", "server"), otel_name="mcp_token.spill.evictions", otel_unit="{result}"),
     Family("mcp_token_sessions_evicted", "counter", "sessions",
            "Live sessions whose bookkeeping was dropped, least recently used first, to stay within "
            "budget.max_sessions.",
            _SESSION, otel_name="mcp_token.sessions.evicted", otel_unit="{session}"),
     Family("mcp_token_budget_store_errors", "counter", "operations",
            "Budget-store operations answered from this process's own count because the shared store (budget.store) "
-           "failed, timed out or was backing off after a failure (op: add, peek, rate, end, flush, probe): the "
-           "conversation's figures here are this replica's share until it answers again.",
+           "failed, timed out or was backing off after a failure (op: add, peek, rate, end, flush, probe; spill_put, "
+           "spill_get for kept results, then kept in this process or told not_found): the conversation's figures "
+           "here are this replica's share until it answers again.",
            ("server", "op"), otel_name="mcp_token.budget_store.errors", otel_unit="{operation}"),
     Family("mcp_token_unbudgeted_tokens", "counter", "tokens",
            "Estimated tokens of messages that no budget key (budget.key) attributed to a conversation: "

@@ -15,6 +15,8 @@ from opentelemetry.semconv.attributes.network_attributes import (
 )
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 
+from .core.spill.uri import span_uri
+
 SCOPE_NAME = "mcp_token_otel"
 
 # Names the installed opentelemetry-semantic-conventions package defines are taken from it; an older package
@@ -96,6 +98,10 @@ A_ESTIMATOR = "mcp_token.estimator"
 A_SESSION_TOKENS = "mcp_token.session.tokens"
 A_SESSION_UTILIZATION = "mcp_token.session.utilization"
 A_SESSION_STATE = "mcp_token.session.state"
+#: With a shared budget store: what the session figures (and a guard's decision) were decided on, ``shared`` (the
+#: store) or ``local`` (this replica's own count, the store unreachable).
+A_BUDGET_SOURCE = "mcp_token.budget.source"
+A_GUARD_BUDGET_SOURCE = "mcp_token.guard.budget_source"
 A_ADVISORY = "mcp_token.advisory"
 #: Estimated USD of the response entering the context (guard.model's price; absent without a model).
 A_COST_USD = "mcp_token.cost_usd"
@@ -113,6 +119,12 @@ M_GUARD_ACTION = "mcp_token.guard.action"
 M_GUARD_ENFORCED = "mcp_token.guard.enforced"
 #: The family an overflow count is about (mcp_token.series.overflow).
 M_FAMILY = "mcp_token.family"
+#: A read of a kept result (guard.spill): served, expired, not_found, forbidden or invalid, and the page served. The
+#: spill's id and uri never go on a span (the id is the only secret that guards it).
+A_SPILL_OUTCOME = "mcp_token.spill.outcome"
+A_SPILL_PAGE = "mcp_token.spill.page"
+#: Why a cut result was not kept (the spills-refused counter).
+M_SPILL_REASON = "mcp_token.spill.reason"
 
 
 def http_attributes(url: Any = None, http_version: Any = None) -> dict[str, Any]:
@@ -169,7 +181,7 @@ def call_attributes(
     elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
         uri = params.get("uri")  # conditionally required on resources/read, subscribe, unsubscribe
         if isinstance(uri, str):
-            attrs[A_RESOURCE_URI] = uri
+            attrs[A_RESOURCE_URI] = span_uri(uri)  # a kept result's id is a secret: hidden
     if session_id:
         attrs[A_SESSION_ID] = session_id
     if request_id is not None:

@@ -43,7 +43,8 @@ def exchange(
     at: float | None = None,
 ) -> tuple[Any, Measurement | None]:
     """A request and its answer (``result``, else ``error``; neither: no answer, only ``close``). With ``guard``,
-    the request-side guards run first and a refusal answers in the tool's place. Returns what is delivered and the
+    the request-side guards run first and their answer (a refusal, a spill page or its JSON-RPC error) answers in
+    the server's place. Returns what is delivered and the
     answer's measurement (None when nothing was measured)."""
     answers = Answers(rec)
     try:
@@ -51,7 +52,7 @@ def exchange(
         delivered: Any = None
         if guard:
             call.span = span
-            if call.guard() is not None:
+            if call.guard() is not None or call.refusal_error is not None:
                 call.open(span, attributes, started)
                 delivered = call.refused(at)
                 call.close()

@@ -19,6 +19,7 @@ import yaml
 
 from mcp_token_otel.catalog import DEFINITION_PARTS, WASTE_KINDS
 from mcp_token_otel.core.guard import ACTIONS, POLICIES
+from mcp_token_otel.core.spill import READ_OUTCOMES
 
 REPO = Path(__file__).resolve().parents[1]
 PROM_DIR = REPO / "deploy" / "prometheus"
@@ -60,6 +61,14 @@ SIMPLE: dict[str, set[str]] = {
     "mcp_token_prompt_cache_invalidations_total": {"side", "server"},
     "mcp_token_prompt_cache_resent_tokens_total": {"side", "server"},
     "mcp_token_wasted_tokens_total": {"side", "server", "tool", "kind"},
+    # With a shared budget store only (budget.store: a Redis URL).
+    "mcp_token_budget_store_errors_total": {"server", "op"},
+    # With guard.spill on.
+    "mcp_token_spilled_tokens_total": {"side", "server", "tool"},
+    "mcp_token_spill_read_tokens_total": {"side", "server", "tool"},
+    "mcp_token_spill_reads_total": {"side", "server", "tool", "outcome"},
+    "mcp_token_spills_refused_total": {"side", "server", "tool", "reason"},
+    "mcp_token_spill_evictions_total": {"side", "server"},
 }
 #: Series Prometheus itself writes for every target.
 BUILTIN: dict[str, set[str]] = {"up": set()}
@@ -76,6 +85,9 @@ LABEL_VALUES: dict[str, set[str]] = {
     "enforced": {"true", "false"},
     "part": set(DEFINITION_PARTS),
     "kind": set(WASTE_KINDS),
+    "op": {"add", "peek", "rate", "end", "flush", "probe", "spill_put", "spill_get"},
+    "outcome": set(READ_OUTCOMES),
+    "reason": {"no_owner", "too_large", "too_many_pages", "empty", "store"},
 }
 
 

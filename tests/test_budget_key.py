@@ -14,6 +14,7 @@ from mcp_token_otel.core.budget_key import (
     parse_baggage,
     parse_key_sources,
 )
+from mcp_token_otel.core.labels import server_label_name
 
 DEFAULT = parse_key_sources(DEFAULT_BUDGET_KEY)
 
@@ -107,3 +108,17 @@ def test_malformed_baggage_logs_nothing(caplog: pytest.LogCaptureFixture) -> Non
     with caplog.at_level("DEBUG"):
         MessageFacts(params={"_meta": {"baggage": "secret-token-without-equals"}}).baggage("x")
     assert "secret-token" not in caplog.text
+
+
+@pytest.mark.parametrize(("name", "label"), [
+    ("secure-filesystem-server", "secure-filesystem-server"),
+    ("Everything Server 2.1.0", "everything-server"),
+    ("mcp-server-time v1.2.3", "mcp-server-time"),
+    ("my-server@0.9.1-beta.2", "my-server"),
+    ("server-2", "server-2"),  # a name, not a version
+    ("label-v1", "label-v1"),
+    ("1.2.3", "1.2.3"),  # only a version: kept
+    ("  Spaced   Name ", "spaced-name"),
+])
+def test_a_servers_own_name_as_its_label(name: str, label: str) -> None:
+    assert server_label_name(name) == label

@@ -41,9 +41,10 @@ SEARCH = {
 }
 DUMP = {"name": "dump", "description": "Dump everything.", "inputSchema": {"type": "object"}}
 #: Every family gets a point: small budgets (transitions, evictions), a response cap (guard actions), a price
-#: (cost), a repeat window (wasted tokens).
+#: (cost), a repeat window (wasted tokens), the spill (room for one cut result: the next evicts it).
 EVERYTHING = {"budget": {"context_window": 20_000, "max_sessions": 2},
-              "guard": {"mode": "enforce", "max_response_tokens": 5000, "model": "gpt-5.4-mini"},
+              "guard": {"mode": "enforce", "max_response_tokens": 5000, "model": "gpt-5.4-mini", "spill": True,
+                        "spill_max_bytes": 100_000},
               "metrics": {"repeat_window": 60}}
 CONVENTION = {A_TRANSPORT: "pipe", A_PROTOCOL: "2025-06-18"}
 
@@ -69,11 +70,24 @@ def record_everything(rec: TokenRecorder) -> None:
         for tools in ([SEARCH, DUMP], [DUMP, SEARCH]):  # definitions; the order changed: a prompt-cache change
             exchange(rec, side, "tools/list", {}, "s1", result={"tools": tools}, attributes=CONVENTION)
         for _ in range(2):  # the same call again: wasted (repeated); cut by the response cap: a guard action
-            exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"all": True}}, "s1", result=BIG,
-                     attributes=CONVENTION)
+            # (the server side keeps the cut result, the second one evicts the first)
+            cut, _ = exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"all": True}}, "s1",
+                              result=BIG, attributes=CONVENTION)
+        if side == "server":  # a page of the kept result read back
+            exchange(rec, side, "resources/read", {"uri": cut["content"][-1]["uri"]}, "s1", guard=True)
         exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, "s1",
                  error={"code": -32603, "message": "boom"}, attributes=CONVENTION)
-        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, None, result=BIG)  # unbudgeted
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {}}, None, result=BIG)  # unbudgeted: not kept
+        # A call that asks first (2026-07-28): an input_required answer, then the retry's final result (the logical
+        # call's duration).
+        asked = {"resultType": "input_required", "requestState": "sealed-1",
+                 "inputRequests": {"ok": {"method": "elicitation/create", "params": {"message": "Sure?"}}}}
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"path": "x"}}, "s1", result=asked,
+                 attributes=CONVENTION)
+        exchange(rec, side, "tools/call", {"name": "dump", "arguments": {"path": "x"}, "requestState": "sealed-1",
+                                           "inputResponses": {"ok": {"action": "accept"}}}, "s1",
+                 result={"content": [{"type": "text", "text": "done"}], "resultType": "complete"},
+                 attributes=CONVENTION)
         rec.end_session(side, "s1")  # utilization and durations
         for session in ("s2", "s3", "s4"):  # past budget.max_sessions: s2 is evicted
             exchange(rec, side, "tools/list", {}, session, result={"tools": [DUMP, SEARCH]}, attributes=CONVENTION)

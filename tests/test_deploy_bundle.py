@@ -25,7 +25,7 @@ import yaml
 
 from mcp_token_otel import semconv
 from mcp_token_otel.cli.demo import DemoOptions
-from mcp_token_otel.config import PrometheusConfig
+from mcp_token_otel.config import PrometheusConfig, config_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -361,6 +361,45 @@ def test_servicemonitor_selects_the_services_metrics_port() -> None:
     args = container["args"]
     assert int(args[args.index("--metrics-port") + 1]) == port["containerPort"]
     assert container["image"] == service("demo")["image"]
+
+
+def _budget_store_url(container: dict[str, Any]) -> str:
+    [url] = [e["value"] for e in container.get("env", []) if e["name"] == "MCP_TOKEN_OTEL_BUDGET_STORE"]
+    return url
+
+
+def test_kubernetes_workloads_share_budgets_through_the_redis_service() -> None:
+    """redis.yaml's Service reaches its pod's port; the workloads name that Service and port in the one variable
+    that shares budgets, and the URL is one the configuration accepts."""
+    docs = load_all(K8S / "redis.yaml")
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    svc = next(d for d in docs if d["kind"] == "Service")
+    pod = deployment["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    [svc_port] = svc["spec"]["ports"]
+    [port] = [p for p in container["ports"] if p["name"] == svc_port["targetPort"]]
+    assert port["containerPort"] == 6379 and container["image"].startswith("redis:")
+    args = container["args"]
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"  # full: refused and counted, not forgotten
+    workloads = [d for name in ("deployment.yaml", "proxy-sidecar.yaml") for d in load_all(K8S / name)
+                 if d["kind"] == "Deployment"]
+    urls = [_budget_store_url(c) for w in workloads for c in w["spec"]["template"]["spec"]["containers"]
+            if c["image"].startswith("mcp-token-otel:")]
+    assert len(urls) == 2
+    for url in urls:
+        assert host_port(url) == (svc["metadata"]["name"], svc_port["port"])
+        assert config_from_dict({"budget": {"store": url}}).budget.store == url
+
+
+def test_compose_proxy_shares_budgets_through_the_redis_service() -> None:
+    proxy, redis = service("everything-proxy"), service("budget-store")
+    url = proxy["environment"]["MCP_TOKEN_OTEL_BUDGET_STORE"]
+    assert host_port(url) == ("budget-store", 6379) and "budget-store" in proxy["depends_on"]
+    assert redis["image"].startswith("redis:") and redis["command"][0] == "redis-server"
+    assert config_from_dict({"budget": {"store": url}}).budget.store == url
+    # The image the workloads run can talk to Redis: the redis extra is installed.
+    assert 'pip install ".[redis]"' in (DEPLOY / "Dockerfile").read_text()
 
 
 def test_every_kubernetes_manifest_parses() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..core.labels import server_label_name
 from ..core.observed import DIRECTION, FAMILY, METHOD, Observed, histograms, observe_all, servers_seen
 from ..core.risk import RiskThresholds
 
@@ -127,7 +128,8 @@ def load(args: argparse.Namespace, server_name: str, thresholds: RiskThresholds)
     if url is not None and args.window is not None:
         raise ObservedSourceError("--window needs --prometheus (a /metrics page holds everything since its "
                                   "process started)")
-    server = args.server if args.server is not None else server_name
+    # The server's own name as the proxy and the shim label it (normalized), unless --server says otherwise.
+    server = args.server if args.server is not None else server_label_name(server_name)
     if url is not None:
         samples, source = metrics_samples(url, args.timeout), url
     else:

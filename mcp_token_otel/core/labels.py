@@ -3,6 +3,7 @@ value, so a peer can never grow a metric's cardinality without bound. Pure: no I
 
 from __future__ import annotations
 
+import re
 import threading
 
 #: The ``server`` label when no name is known yet (a fault at start-up, a client before its server named itself):
@@ -44,3 +45,18 @@ class NameLimiter:
                 self._kept.add(name)
                 return name
         return self.overflow
+
+
+#: A version at the end of a server's name: " v1.2.3", "@1.2.3", "-1.2.3-beta.1" (dotted, so "server-2" stays).
+_VERSION_SUFFIX = re.compile(r"[\s@/_-]+v?\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.-]+)?$")
+_SPACES = re.compile(r"\s+")
+
+
+def server_label_name(name: str) -> str:
+    """The ``server`` label a server's own name (``serverInfo.name``) becomes: without a version suffix, spaces
+    as hyphens, lower case, so every path that learns the name (the shim's client and server sides, the proxy,
+    ``profile --observed``) labels one server alike whatever release it runs. ``"Everything Server 2.1.0"`` is
+    ``everything-server``; a name that is only a version stays as it is."""
+    stripped = name.strip()
+    bare = _VERSION_SUFFIX.sub("", stripped) or stripped
+    return _SPACES.sub("-", bare).lower()

@@ -6,7 +6,6 @@ around it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -18,15 +17,14 @@ from .http1 import (
     END,
     ERROR,
     HEAD,
+    Body,
     Head,
-    Http1Parser,
     HttpError,
     UpstreamBroken,
     Wire,
     answer_json,
     hop_by_hop,
     refuse,
-    upstream_body,
 )
 from .jsonrpc import BODY, C2S, S2C, SSE, dumps
 from .transport import Channel, http_origin
@@ -90,12 +88,11 @@ class Exchange:
         """The request head towards the upstream without its framing; whether the client expects a 100
         Continue; the protocol version it named."""
         request = self.request
-        drop = hop_by_hop(request.headers)
+        drop = hop_by_hop(request)
         out = [request.method + b" " + request.target + b" HTTP/1.1\r\n"]
         expect = False
         version: str | None = None
-        for name, value in request.headers:
-            lower = name.lower()
+        for lower, (name, value) in zip(request.names, request.headers, strict=True):
             if lower in drop or lower == b"content-length":  # framing is written by the caller
                 continue
             if lower == b"expect":  # answered here: the body is read before anything goes upstream
@@ -116,8 +113,10 @@ class Exchange:
         out, expect, version = self._upstream_head()
         tracker = self.tracker = self.relay.tracker(self.session_id, self._origin) \
             if not request.target.startswith(b"/.well-known/") else None
-        if tracker is not None and version:
+        if tracker is not None and version and self.relay.versions.get(self.session_id) != version:
             measurer.set_tracker(tracker, protocol_version=version)
+            if self.session_id is not None and self.session_id in self.relay.sessions:
+                self.relay.versions[self.session_id] = version  # told once per session, not with every request
         if tracker is not None and request.method == b"POST":
             self.up = measurer.stream(tracker, C2S, BODY)
         if expect and (length or chunked):
@@ -186,6 +185,9 @@ class Exchange:
 
     async def _small_body(self) -> bytes | None:
         """The whole body; None when the client left, was cut off, or sent it malformed (answered 400)."""
+        body = self.wire.ready_body()
+        if body is not None:  # the usual case: it came with its head, no deadline to watch
+            return body
         try:
             return b"".join([piece async for piece in self._body()])
         except (ClientGone, ConnectionError):
@@ -259,7 +261,7 @@ class Exchange:
                 if reusable:
                     self.relay.upstream.give_back(conn)
                 else:
-                    conn[1].close()
+                    conn.writer.close()
             self._unmeasured(False)
             if session_id is not None and request.method == b"DELETE":
                 self.relay.end_session(session_id)  # the client ended it, whatever the upstream answered (502)
@@ -304,20 +306,20 @@ class Exchange:
         first = head + body if body is not None and len(body) <= CHUNK else head
         conn = upstream.take()  # an idle connection found closed is never used
         if conn is not None:
-            conn[1].write(first)
-            if conn[1].transport.is_closing():  # the write failed at once: not a byte left, safe to send anew
-                conn[1].close()
+            conn.writer.write(first)
+            if conn.writer.transport.is_closing():  # the write failed at once: not a byte left, safe to send anew
+                conn.writer.close()
                 conn = None
         if conn is None:
             try:
                 conn = await upstream.connect()
             except (OSError, TimeoutError) as exc:
                 raise UpstreamFailed(UNAVAILABLE, exc) from None
-            conn[1].write(first)
-        ureader, uwriter = conn
+            conn.writer.write(first)
+        uwriter = conn.writer
         try:
             await self._send_rest(uwriter, head, body, source)
-            uwire = Wire(ureader, Http1Parser(response=True), uwriter.transport)
+            uwire = conn.response_wire()
             while True:
                 kind, value = await uwire.next()
                 if kind == HEAD and not (100 <= value.status < 200 and value.status != 101):
@@ -349,15 +351,16 @@ class Exchange:
                 await uwriter.drain()
             if chunked:
                 uwriter.write(b"0\r\n\r\n")
-        await uwriter.drain()
+        await _drained(uwriter)
 
     def _response_head(self, response: Head) -> tuple[list[bytes], bool]:
         """The response head towards the client, as lines; whether the response has no body."""
         status, rheaders = response.status, response.headers
         no_body = self.request.method == b"HEAD" or status in (204, 304)
-        drop = hop_by_hop(rheaders)
+        drop = hop_by_hop(response)
         rout = [b"HTTP/1.1 %d " % status + response.reason + b"\r\n"]
-        rout += [n + b": " + v + b"\r\n" for n, v in rheaders if n.lower() not in drop]
+        rout += [n + b": " + v + b"\r\n" for lower, (n, v) in zip(response.names, rheaders, strict=True)
+                 if lower not in drop]
         if not no_body and response.length is None and self.keep:
             rout.append(b"transfer-encoding: chunked\r\n")  # else: until close
         if not self.keep:
@@ -376,90 +379,89 @@ class Exchange:
             await writer.drain()
             return reusable, True
         channel = self._response_channel(response)
-        source = upstream_body(uwire, rlength is None and not response.chunked)
+        body = Body(uwire, rlength is None and not response.chunked)
         if channel is not None and channel.holds_body and rlength is not None:
             # Guards on: a JSON body is held whole, guarded, then sent (re-serialised: its own length).
-            body = b"".join([piece async for piece in source])
-            forward = channel.whole(body)
+            whole = await body.whole()
+            forward = channel.whole(whole)
             channel.finish()
-            if forward is not body:
+            if forward is not whole:
                 rhead = b"".join(line for line in rout[:-1] if not line.lower().startswith(b"content-length:")) \
                     + b"content-length: %d\r\n\r\n" % len(forward)
             writer.write(rhead + forward)
             await writer.drain()
             return reusable and uwire.spent, True
         if rlength is not None:
-            await self._relay_length(rhead, source, channel)
+            await self._relay(rhead, body, channel, False)
             return reusable and uwire.spent, True
-        # Streams (SSE...): relayed chunk by chunk while watching the client for a disconnect.
-        completed = await self._relay_stream(rhead, source, channel)
+        # Streams (SSE...): relayed as they come while watching the client for a disconnect.
+        completed = await self._relay(rhead, body, channel, True)
         return completed and reusable and response.chunked and uwire.spent, completed
 
-    async def _relay_length(self, rhead: bytes, source: Any, channel: Channel | None) -> None:
-        """A body of known length (a JSON answer), relayed as it arrives."""
-        writer = self.writer
-        first = True
-        finished = False
+    async def _relay(self, rhead: bytes, body: Body, channel: Channel | None, stream: bool) -> bool:
+        """Relay a body as its bytes arrive: what was read goes on at once, in one write (the head with the
+        first bytes, the last bytes with the end of a chunked stream). A stream (``stream``: no length) goes
+        chunked towards a kept-alive client, else until close, and while it waits for the upstream, a client
+        that goes away closes the upstream request. True when the body went through whole."""
+        writer, hook = self.writer, self.wire.hook
+        framed = stream and self.keep
+        out = rhead
+        finished = gone = False
+
+        def check() -> None:  # the client sent, ended or lost its connection while we wait for the upstream
+            nonlocal gone
+            reader = self.wire.reader
+            if not gone and (reader.at_eof() or reader.exception() is not None):
+                gone = True
+                body.wire.transport.abort()  # ends the wait below; the upstream connection is not reused
+
         try:
-            async for data in source:
+            while True:
+                data = body.take()
                 if channel is not None:
-                    data = channel.feed(data)[0]
-                writer.write(rhead + data if first else data)  # head and first chunk in one segment
-                first = False
-                await writer.drain()
-            if channel is not None:
-                finished = True
-                rest = channel.finish()[0]
-                if rest or first:
-                    writer.write(rhead + rest if first else rest)
-                    await writer.drain()
+                    if data:  # with guards on, whole events go on once guarded
+                        data = channel.feed(data)[0]
+                    if body.ended:
+                        finished = True
+                        rest = channel.finish()[0]
+                        data = data + rest if rest else data
+                pieces = [out] if out and (data or stream or body.ended) else []  # a length's head waits for bytes
+                if pieces:
+                    out = b""
+                if framed:
+                    if data:
+                        pieces += (b"%x\r\n" % len(data), data, b"\r\n")
+                    if body.ended:
+                        pieces.append(b"0\r\n\r\n")
+                elif data:
+                    pieces.append(data)
+                if pieces:
+                    writer.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # one copy, one send
+                    await _drained(writer)
+                if body.ended:
+                    return True
+                if stream and hook is not None and hook.on_change is None:
+                    hook.on_change = check
+                    check()
+                if not gone:
+                    try:
+                        await body.more()
+                    except UpstreamBroken:
+                        if not gone:
+                            raise
+                    if not gone:
+                        continue
+                logger.info("mcp-token-otel proxy: client went away mid-stream; upstream request closed")
+                return False
+        except (ConnectionError, OSError):  # writing to the client failed: it is gone
+            if not stream:
+                raise
+            return False
         finally:
+            if hook is not None:
+                hook.on_change = None
             if channel is not None and not finished:
                 channel.measurer.finish(channel.stream)
-
-    async def _relay_stream(self, rhead: bytes, source: Any, channel: Channel | None) -> bool:
-        """Relay a stream until it ends or the client leaves; True when it went through whole. Chunked towards
-        a kept-alive client, else until close."""
-        writer, wire, framed = self.writer, self.wire, self.keep
-        writer.write(rhead)
-        await writer.drain()
-        gone = asyncio.Event()
-
-        def frame(data: bytes) -> bytes:
-            return b"%x\r\n" % len(data) + data + b"\r\n" if framed else data
-
-        async def watch() -> None:
-            try:
-                data = await wire.reader.read(CHUNK)
-            except (ConnectionError, OSError):  # reset by the client: gone too
-                data = b""
-            if data:
-                wire.parser.feed(data)  # a pipelined request: parsed now, answered next; stop watching
-            else:
-                gone.set()
-
-        async def pump() -> None:
-            finished = False
-            try:
-                async for data in source:
-                    if channel is not None:  # with guards on, whole events go on once guarded
-                        data = channel.feed(data)[0]
-                    if data:
-                        writer.write(frame(data))
-                        await writer.drain()
-                if channel is not None:
-                    finished = True
-                    rest = channel.finish()[0]
-                    if rest:
-                        writer.write(frame(rest))
-                if framed:
-                    writer.write(b"0\r\n\r\n")
-                await writer.drain()
-            finally:
-                if channel is not None and not finished:
-                    channel.measurer.finish(channel.stream)
-
-        return await _until_done_or_gone(pump(), watch(), gone)
 
     def _response_channel(self, response: Head) -> Channel | None:
         """How a response body is measured (and guarded): JSON bodies and SSE streams, uncompressed; None: not."""
@@ -479,30 +481,12 @@ class Exchange:
         return None
 
 
-async def _until_done_or_gone(pump: Any, watch: Any, gone: asyncio.Event) -> bool:
-    """Run the stream's pump while watching its client; True when the pump finished and the client stayed."""
-    watching = asyncio.ensure_future(watch)
-    pumping = asyncio.ensure_future(pump)
-    try:
-        while not pumping.done():
-            await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
-            if gone.is_set():
-                logger.info("mcp-token-otel proxy: client went away mid-stream; upstream request closed")
-                return False
-            if watching.done() and not pumping.done():
-                await pumping
-                break
-    finally:
-        for task in (pumping, watching):
-            task.cancel()
-        for task in (pumping, watching):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    try:
-        pumping.result()  # the upstream breaking (UpstreamBroken) is the caller's to handle
-    except (ConnectionError, OSError):  # writing to the client failed: it is gone
-        return False
-    return True
+async def _drained(writer: asyncio.StreamWriter) -> None:
+    """``writer.drain()`` when it has anything to do: what was written is still buffered (the peer is slower:
+    wait, backpressure) or the connection is lost (it raises); a write the socket took whole needs neither."""
+    transport = writer.transport
+    if transport.get_write_buffer_size() or transport.is_closing():
+        await writer.drain()
 
 
 _REASONS = {UNAVAILABLE: "upstream unavailable", CLOSED_EARLY: "upstream closed the connection before answering"}

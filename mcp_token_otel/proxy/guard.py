@@ -30,6 +30,18 @@ logger = logging.getLogger("mcp_token_otel.proxy")
 SIDE = "proxy"
 
 
+#: A client's request body the HTTP relay guards whole before it goes upstream when it holds one of these: a tool
+#: call (it may be refused), a result (the client's answer to a server's request, which may be changed), a
+#: resources request (a read of a kept result, a listing of the resources the proxy declared: answered here). Other
+#: requests are measured after the response head, as without guards.
+HELD_REQUESTS: tuple[bytes, ...] = (b'"tools/call"', b'"result"', b'"resources/')
+
+
+def held_request(body: bytes) -> bool:
+    """Whether the guards must see this request body whole before it goes upstream (see HELD_REQUESTS)."""
+    return any(marker in body for marker in HELD_REQUESTS)
+
+
 def proxy_guarded(config: Config) -> bool:
     """True when some guard mode is on (globally or for a tool) and ``guard.sides`` includes the proxy."""
     from ..core.guard import GuardEngine

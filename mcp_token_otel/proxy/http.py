@@ -36,7 +36,7 @@ from typing import Any
 
 from ..core.redact import redact_url
 from .exchange import Exchange
-from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire, refuse
+from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire, hook, refuse
 from .inject import Injector
 from .jsonrpc import A_SERVER_NAME
 from .telemetry import StartupError, check_port_free
@@ -54,7 +54,6 @@ READY_PATH, LIVE_PATH = b"/readyz", b"/livez"
 CONNECT_TIMEOUT = 10.0
 MAX_IDLE_UPSTREAM = 64
 
-Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 #: Seconds a client has to send a whole request head once it started one; an idle keep-alive connection
 #: is closed after KEEPALIVE_IDLE seconds without a new request.
 HEADER_TIMEOUT = 10.0
@@ -158,6 +157,8 @@ class Relay:
         self.telemetry = telemetry
         self.upstream = Upstream(proxy.url)
         self.sessions: OrderedDict[str, Any] = OrderedDict()
+        #: The protocol version each session's tracker was last told (``MCP-Protocol-Version``).
+        self.versions: dict[str | None, str] = {}
         self.connections: set[asyncio.Task[Any]] = set()
         self.peers: Counter[str] = Counter()  # open connections by client address
         #: The upstream answered once (``/readyz``).
@@ -184,7 +185,8 @@ class Relay:
                                        attributes=self._attrs, origin=origin())
             self.sessions[session_id] = tracker
             if len(self.sessions) > MAX_SESSIONS:  # sessions never DELETEd: the oldest goes
-                _, oldest = self.sessions.popitem(last=False)
+                gone, oldest = self.sessions.popitem(last=False)
+                self.versions.pop(gone, None)
                 measurer.close_tracker(oldest)
         else:
             self.sessions.move_to_end(session_id)
@@ -197,11 +199,14 @@ class Relay:
             return False
         self.sessions[session_id] = tracker
         if len(self.sessions) > MAX_SESSIONS:
-            self.telemetry.measurer.close_tracker(self.sessions.popitem(last=False)[1])
+            gone, oldest = self.sessions.popitem(last=False)
+            self.versions.pop(gone, None)
+            self.telemetry.measurer.close_tracker(oldest)
         return True
 
     def end_session(self, session_id: str) -> None:
         tracker = self.sessions.pop(session_id, None)
+        self.versions.pop(session_id, None)
         if tracker is not None:
             self.telemetry.measurer.close_tracker(tracker)
 
@@ -236,7 +241,7 @@ class Relay:
         self.connections.add(task)
         self.peers[peer] += 1
         try:
-            await self._connection(Wire(reader, Http1Parser(), writer.transport), writer)
+            await self._connection(Wire(reader, Http1Parser(), writer.transport, hook(writer)), writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, OSError):
             pass
         except asyncio.CancelledError:
@@ -255,45 +260,55 @@ class Relay:
         transport = wire.transport
         task = asyncio.current_task()
         parser = wire.parser
+        idle = IdleDeadline(loop, transport)
         timeout = HEADER_TIMEOUT
-        while True:
-            # Deadlines by timer (cheaper than wait_for's task per read): an idle keep-alive connection waits for
-            # the first bytes of its next request, then a started head must be complete in HEADER_TIMEOUT.
-            timer = None
-            while parser.events and parser.events[0][0] == END:
-                parser.events.popleft()  # the end of a request without a body
-            try:
-                if not parser.events and not parser.in_head:
-                    timer = loop.call_later(timeout, transport.abort)
-                    self.idle.add(task)  # between requests: a shutdown need not wait for it
-                    try:
-                        data = await wire.reader.read(CHUNK)
-                    finally:
-                        self.idle.discard(task)
-                    timer.cancel()
-                    if not data:
-                        return
-                    parser.feed(data)
-                timer = loop.call_later(HEADER_TIMEOUT, transport.abort)
-                kind, head = await wire.next()
-            except (TimeoutError, ConnectionError):
-                return  # too slow (aborted) or gone: closed without an answer
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            if kind == ERROR:
-                await refuse(writer, head)
-                await _linger(wire.reader, writer)
-                return
-            if kind != HEAD:
-                return  # closed (too slow: aborted, or gone) without an answer
-            keep = head.version == b"HTTP/1.1" and head.keep_alive
-            if head.target.split(b"?", 1)[0] in (READY_PATH, LIVE_PATH) and head.method in (b"GET", b"HEAD"):
-                if not await self._health(head, writer, keep):
+        try:
+            while True:
+                # An idle keep-alive connection waits for the first bytes of its next request (one timer per
+                # connection, re-armed lazily), then a started head must be complete in HEADER_TIMEOUT.
+                timer = None
+                while parser.events and parser.events[0][0] == END:
+                    parser.events.popleft()  # the end of a request without a body
+                try:
+                    if not parser.events and not parser.in_head:
+                        idle.start(timeout)
+                        self.idle.add(task)  # between requests: a shutdown need not wait for it
+                        try:
+                            data = await wire.reader.read(CHUNK)
+                        finally:
+                            self.idle.discard(task)
+                            idle.stop()
+                        if not data:
+                            return
+                        parser.feed(data)
+                    if parser.events:  # the whole head came at once: no deadline to watch
+                        kind, head = parser.events.popleft()
+                    else:
+                        timer = loop.call_later(HEADER_TIMEOUT, transport.abort)
+                        kind, head = await wire.next()
+                except (TimeoutError, ConnectionError):
+                    return  # too slow (aborted) or gone: closed without an answer
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                if not await self._request(wire, writer, kind, head):
                     return
-            elif not await Exchange(self, wire, writer, head, keep).run():
-                return
-            timeout = KEEPALIVE_IDLE
+                timeout = KEEPALIVE_IDLE
+        finally:
+            idle.close()
+
+    async def _request(self, wire: Wire, writer: asyncio.StreamWriter, kind: int, head: Any) -> bool:
+        """Answer one request (or refuse what is not one); True when the connection takes another."""
+        if kind == ERROR:
+            await refuse(writer, head)
+            await _linger(wire.reader, writer)
+            return False
+        if kind != HEAD:
+            return False  # closed (too slow: aborted, or gone) without an answer
+        keep = head.version == b"HTTP/1.1" and head.keep_alive
+        if head.target.split(b"?", 1)[0] in (READY_PATH, LIVE_PATH) and head.method in (b"GET", b"HEAD"):
+            return await self._health(head, writer, keep)
+        return await Exchange(self, wire, writer, head, keep).run()
 
 
     async def _health(self, head: Head, writer: asyncio.StreamWriter, keep: bool) -> bool:
@@ -328,7 +343,7 @@ class Upstream:
                                     server_hostname=self.host if self.ssl else None),
             CONNECT_TIMEOUT)
         nodelay(writer)
-        return reader, writer
+        return Conn(reader, writer)
 
     async def probe(self) -> None:
         """Connect once, and go: the upstream is there (raises OSError or TimeoutError when not)."""
@@ -337,24 +352,90 @@ class Upstream:
 
     def take(self) -> Conn | None:
         while self.idle:
-            reader, writer = self.idle.pop()
+            conn = self.idle.pop()
+            reader, writer = conn.reader, conn.writer
             # Bytes waiting on an idle connection: the upstream is not speaking HTTP we can follow; not reused.
             if reader.at_eof() or writer.is_closing() or reader._buffer:  # type: ignore[attr-defined]
                 writer.close()
                 continue
-            return reader, writer
+            return conn
         return None
 
     def give_back(self, conn: Conn) -> None:
-        if len(self.idle) < MAX_IDLE_UPSTREAM and not conn[1].is_closing():
+        if len(self.idle) < MAX_IDLE_UPSTREAM and not conn.writer.is_closing():
+            parser = conn.wire.parser if conn.wire is not None else None
+            if parser is not None and (not parser.complete or parser.events or parser.failed):
+                conn.wire = None  # not left between two responses (a HEAD's, a 204's): the next one gets a new one
             self.idle.append(conn)
         else:
-            conn[1].close()
+            conn.writer.close()
 
     def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
+        for conn in self.idle:
+            conn.writer.close()
         self.idle.clear()
+
+
+class Conn:
+    """A connection to the upstream, and the reading side of it that parses its responses (kept with it
+    between requests once a response ended cleanly)."""
+
+    __slots__ = ("reader", "wire", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.wire: Wire | None = None
+
+    def response_wire(self) -> Wire:
+        if self.wire is None:
+            self.wire = Wire(self.reader, Http1Parser(response=True), self.writer.transport)
+        return self.wire
+
+
+class IdleDeadline:
+    """The deadline of a connection's idle waits, on one timer re-armed lazily: a wait only moves the
+    deadline, and the timer, when it fires early (the connection was busy, or waited again since), sets
+    itself again for what is left, so a busy connection costs one timer per deadline period, not one a
+    request. Past the deadline of a wait still going on, the connection is aborted."""
+
+    __slots__ = ("at", "handle", "loop", "transport", "until")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.WriteTransport) -> None:
+        self.loop = loop
+        self.transport = transport
+        self.until: float | None = None  # the deadline of the wait going on; None: not waiting
+        self.handle: asyncio.TimerHandle | None = None
+        self.at = 0.0  # when the timer fires
+
+    def start(self, seconds: float) -> None:
+        self.until = until = self.loop.time() + seconds
+        if self.handle is not None and until < self.at:  # sooner than the timer: set anew
+            self.handle.cancel()
+            self.handle = None
+        if self.handle is None:
+            self._arm(until)
+
+    def stop(self) -> None:
+        self.until = None
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _arm(self, when: float) -> None:
+        self.at = when
+        self.handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        if self.until is None:
+            return  # busy: the next wait arms it again
+        if self.loop.time() >= self.until:
+            self.transport.abort()
+        else:
+            self._arm(self.until)
 
 
 def nodelay(writer: asyncio.StreamWriter) -> None:

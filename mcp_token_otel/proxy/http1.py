@@ -31,6 +31,8 @@ HOP_BY_HOP = frozenset({
 })
 #: Bytes read from a socket at a time.
 CHUNK = 64 * 1024
+#: llhttp's usual version strings, as written on a request or status line.
+_VERSIONS = {"1.1": b"HTTP/1.1", "1.0": b"HTTP/1.0"}
 
 
 class HttpError(Exception):
@@ -63,13 +65,14 @@ class Head:
     length: int | None
     chunked: bool
     keep_alive: bool
+    #: The header names in lower case, in order (one per field of ``headers``).
+    names: list[bytes]
+    #: The first value of each header, by lower-case name.
+    fields: dict[bytes, bytes]
 
     def get(self, name: bytes) -> bytes | None:
         """The first field called ``name`` (lower case)."""
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
+        return self.fields.get(name)
 
 
 class Http1Parser:
@@ -87,6 +90,8 @@ class Http1Parser:
         self._url = b""
         self._reason = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        #: The last message ended (its END event queued): a parser that may take the next one.
+        self.complete = False
 
     @property
     def in_head(self) -> bool:
@@ -121,6 +126,7 @@ class Http1Parser:
 
     def on_message_begin(self) -> None:
         self._in_head = True
+        self.complete = False
         self._size = 0
         self._url = b""
         self._reason = b""
@@ -133,52 +139,64 @@ class Http1Parser:
         self._reason += reason
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._in_head:
-            return  # a trailer field of a chunked body: dropped
-        self._headers.append((name, value))
-        if len(self._headers) > self.max_headers:
-            raise too_large()
+        if self._in_head:  # else a trailer field of a chunked body: dropped
+            self._headers.append((name, value))  # checked whole, once the head is complete
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
-        version = parser.get_http_version()
-        if not version.startswith("1."):
-            raise bad_request()  # HTTP/0.9 ("GET /") and whatever is not HTTP/1.x
-        length: int | None = None
-        chunked = False
+        number = parser.get_http_version()
+        version = _VERSIONS.get(number)
+        if version is None:
+            if not number.startswith("1."):
+                raise bad_request()  # HTTP/0.9 ("GET /") and whatever is not HTTP/1.x
+            version = b"HTTP/" + number.encode()
+        headers = self._headers
+        if len(headers) > self.max_headers:
+            raise too_large()
+        names = []  # lower case, once per field: everything after reads these
+        fields: dict[bytes, bytes] = {}  # the first value of each name
         size = len(self._url) + len(self._reason)
-        for name, value in self._headers:
-            size += len(name) + len(value) + 4
+        for name, value in headers:
             lower = name.lower()
-            if lower == b"content-length":
-                length = int(value)  # llhttp checked it: digits, one value
-            elif lower == b"transfer-encoding":
-                chunked = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
+            names.append(lower)
+            if lower not in fields:
+                fields[lower] = value
+            size += len(name) + len(value) + 4
         if size > self.max_head:
             raise too_large()
+        length_field = fields.get(b"content-length")
+        length = None if length_field is None else int(length_field)  # llhttp checked it: digits, one value
+        chunked = False
+        if b"transfer-encoding" in fields:  # the last coding of the last field
+            for lower, (_, value) in zip(names, headers, strict=True):
+                if lower == b"transfer-encoding":
+                    chunked = value.rsplit(b",", 1)[-1].strip().lower() == b"chunked"
         self.events.append((HEAD, Head(
             b"" if self.response else parser.get_method(), self._url,
-            parser.get_status_code() if self.response else 0, self._reason, b"HTTP/" + version.encode(),
-            self._headers, None if chunked else length, chunked, parser.should_keep_alive(),
+            parser.get_status_code() if self.response else 0, self._reason, version,
+            headers, None if chunked else length, chunked, parser.should_keep_alive(), names, fields,
         )))
 
     def on_body(self, body: bytes) -> None:
         self.events.append((DATA, body))
 
     def on_message_complete(self) -> None:
+        self.complete = True
         self.events.append((END, None))
 
 
 class Wire:
     """The reading side of one connection: bytes from the socket through the parser, events out in order."""
 
-    __slots__ = ("parser", "reader", "transport")
+    __slots__ = ("hook", "parser", "reader", "transport")
 
-    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport) -> None:
+    def __init__(self, reader: asyncio.StreamReader, parser: Http1Parser, transport: asyncio.WriteTransport,
+                 hook: Hook | None = None) -> None:
         self.reader = reader
         self.parser = parser
         self.transport = transport  # aborted when a deadline passes
+        self.hook = hook  # a client's connection: tells when it went away (see Hook)
 
     async def next(self) -> tuple[int, Any]:
         """The next event (HEAD, DATA, END, ERROR), or CLOSED."""
@@ -190,10 +208,72 @@ class Wire:
             self.parser.feed(data)
         return events.popleft()
 
+    def ready_body(self) -> bytes | None:
+        """The whole body of the message whose head was just taken, when all of it was already read (its end
+        taken too); else None, and nothing is taken."""
+        events = self.parser.events
+        count = 0
+        for kind, _ in events:
+            if kind == END:
+                break
+            if kind != DATA:
+                return None
+            count += 1
+        else:
+            return None
+        pieces = [events.popleft()[1] for _ in range(count)]
+        events.popleft()  # the end
+        return pieces[0] if count == 1 else b"".join(pieces)
+
     @property
     def spent(self) -> bool:
         """Nothing read past the message just ended (a connection that may be reused)."""
         return not self.parser.events and not self.parser.in_head and not self.parser.failed
+
+
+class Hook:
+    """A client connection's protocol, wrapped: while the relay waits for the upstream in the middle of a
+    response, ``on_change`` is called whenever the client sends, ends or loses its connection, so that a client
+    that went away is noticed at once without a task watching its socket."""
+
+    __slots__ = ("inner", "on_change")
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.on_change: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+        if self.on_change is not None:
+            self.on_change()
+
+    def eof_received(self) -> bool | None:
+        keep: bool | None = self.inner.eof_received()
+        if self.on_change is not None:
+            self.on_change()
+        return keep
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.inner.connection_lost(exc)
+        if self.on_change is not None:
+            self.on_change()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def hook(writer: asyncio.StreamWriter) -> Hook:
+    """Wrap the protocol of a client connection served by asyncio streams (see Hook)."""
+    transport = writer.transport
+    wrapped = Hook(transport.get_protocol())
+    transport.set_protocol(wrapped)  # type: ignore[arg-type]  # a protocol by its methods
+    return wrapped
 
 
 async def answer_json(writer: asyncio.StreamWriter, body: bytes, keep: bool, status: bytes = b"200 OK") -> None:
@@ -217,34 +297,76 @@ class UpstreamBroken(Exception):
     """The upstream failed (reset, EOF, bad framing) after the response started."""
 
 
-def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
-    """Header names listed in Connection (hop-by-hop too, RFC 9110 7.6.1)."""
-    out: set[bytes] = set()
-    for name, value in headers:
-        if name.lower() == b"connection":
-            out.update(t.strip().lower() for t in value.split(b","))
-    return out
+#: What a usual ``Connection`` field adds to the hop-by-hop headers (by its value in lower case).
+_CONNECTION_DROPS = {b"keep-alive": HOP_BY_HOP, b"close": HOP_BY_HOP | {b"close"}}
 
 
-def hop_by_hop(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes] | set[bytes]:
-    return HOP_BY_HOP | connection_tokens(headers) if any(n.lower() == b"connection" for n, _ in headers) \
-        else HOP_BY_HOP
+def hop_by_hop(head: Head) -> frozenset[bytes]:
+    """The lower-case names of the header fields not forwarded: the hop-by-hop ones and those listed in
+    ``Connection`` (RFC 9110 7.6.1)."""
+    value = head.fields.get(b"connection")
+    if value is None:
+        return HOP_BY_HOP
+    if head.names.count(b"connection") == 1:
+        known = _CONNECTION_DROPS.get(value.lower())
+        if known is not None:
+            return known
+    listed = {token.strip().lower() for lower, (_, field) in zip(head.names, head.headers, strict=True)
+              if lower == b"connection" for token in field.split(b",")}
+    return HOP_BY_HOP | listed
 
 
-async def upstream_body(uwire: Wire, until_eof: bool) -> Any:
-    """A response body's pieces as they arrive (chunked framing removed); ``until_eof``: it ends by closing."""
-    while True:
+class Body:
+    """A response body as it arrives: :meth:`take` what was read (chunked framing removed, in one piece), then
+    :meth:`more` to wait for the next bytes, until ``ended``. Nothing is copied or awaited that was already
+    there: a response read whole goes on in one write."""
+
+    __slots__ = ("ended", "until_eof", "wire")
+
+    def __init__(self, wire: Wire, until_eof: bool) -> None:
+        self.wire = wire
+        self.until_eof = until_eof  # it ends by closing (no length, not chunked)
+        self.ended = False
+
+    def take(self) -> bytes:
+        """The body's bytes read and not taken yet (maybe none); ``ended`` is set once its end is taken. A
+        malformed body raises UpstreamBroken once the bytes before the fault are taken."""
+        events = self.wire.parser.events
+        pieces = []
+        while events:
+            kind, value = events[0]
+            if kind == DATA:
+                pieces.append(value)
+            elif kind == END:
+                self.ended = True
+            elif kind == ERROR and not pieces:
+                raise UpstreamBroken(f"bad response body: {value.reason}")
+            else:
+                break
+            events.popleft()
+            if self.ended:
+                break
+        if not pieces:
+            return b""
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def more(self) -> None:
+        """Wait for more bytes of the body (read and parsed); ``ended`` when it ends by closing."""
         try:
-            kind, value = await uwire.next()
+            data = await self.wire.reader.read(CHUNK)
         except (ConnectionError, OSError) as exc:  # reset by the upstream
             raise UpstreamBroken(str(exc) or type(exc).__name__) from None
-        if kind == DATA:
-            yield value
-        elif kind == END:
-            return
-        elif kind == CLOSED:
-            if until_eof:
-                return
+        if data:
+            self.wire.parser.feed(data)
+        elif self.until_eof:
+            self.ended = True
+        else:
             raise UpstreamBroken("upstream closed before the end of the body")
-        elif kind == ERROR:
-            raise UpstreamBroken(f"bad response body: {value.reason}")
+
+    async def whole(self) -> bytes:
+        """The rest of the body, once it has all arrived."""
+        pieces = [self.take()]
+        while not self.ended:
+            await self.more()
+            pieces.append(self.take())
+        return b"".join(pieces)

@@ -257,10 +257,11 @@ class Tracker:
         return None
 
     def _request(self, direction: str, method: str, message: dict[str, Any], now: int,
-                 refuse: bool = False) -> dict[str, Any] | None:
+                 refuse: bool = False) -> tuple[str, dict[str, Any]] | None:
         """Open the request's span and pair it. ``refuse`` (guard mode, a client's request on its own): the
-        request guards run, and a refusal (the CallToolResult wire dict the proxy answers with) is returned
-        and the request is not paired."""
+        request guards run, and what the proxy answers in the server's place is returned (``("result", ...)``: a
+        refused tool call, a page of a kept result, an empty listing; ``("error", ...)``: the JSON-RPC error of a
+        read of a kept result that cannot be served); the request is then not paired."""
         key = _id_key(message.get("id"))
         if key is None:
             self.stats.count(direction, "invalid")
@@ -284,11 +285,11 @@ class Tracker:
         # Before the request counts: the session limit reads the budget as it stood before this call.
         refusal = call.guard() if refuse and direction == C2S else None
         call.open(started=now / 1e9)
-        if refusal is not None:  # answered by the proxy: the refusal is the call's output
-            call.refused(at=now / 1e9)
+        if refusal is not None or call.refusal_error is not None:  # answered by the proxy: the call's output
+            answer = call.refused(at=now / 1e9)
             call.close()
             self._end_span(span, now)
-            return refusal
+            return ("result", answer) if refusal is not None else ("error", answer)
         pending_key = (direction, key)
         old = self.pending.pop(pending_key, None)
         if old is not None:  # the same id reused before its answer: the first can no longer be paired
@@ -338,8 +339,9 @@ class Tracker:
         """Guard mode, on the relay path: one whole message, before it is forwarded. Returns (what to forward,
         None: nothing; what to answer its sender with, None: nothing). ``raw`` itself when unchanged.
 
-        A client's ``tools/call`` may be refused (answered here, not forwarded); a result may come back
-        changed (re-serialised, compact). In a batch only the results are guarded."""
+        A client's ``tools/call`` may be refused, a read of a kept result (``guard.spill``) and a listing of the
+        resources this proxy declared are answered (here, not forwarded); a result may come back changed
+        (re-serialised, compact). In a batch only the results are guarded (a read in a batch goes on)."""
         try:
             message = json.loads(raw)
         except (ValueError, RecursionError):
@@ -350,10 +352,10 @@ class Tracker:
             return (raw if batch is None else dumps(batch)), None
         method = message.get("method")
         if isinstance(method, str) and "id" in message:
-            refusal = self._request(direction, method, message, now, refuse=self.guard)
-            if refusal is None:
+            answer = self._request(direction, method, message, now, refuse=self.guard)
+            if answer is None:
                 return raw, None
-            return None, dumps({"jsonrpc": message.get("jsonrpc", "2.0"), "id": message["id"], "result": refusal})
+            return None, dumps({"jsonrpc": message.get("jsonrpc", "2.0"), "id": message["id"], answer[0]: answer[1]})
         if "id" in message and ("result" in message or "error" in message):
             changed = self._response(direction, message, now)
             if changed is None:

@@ -1,10 +1,12 @@
 """One message exchange, measured: the life of a call, written once for every adapter path and the proxy.
 
-``call = recorder.begin(side, method, params, key)``, then :meth:`Call.guard` (the request-side guards; a
-refusal is ``call.refusal``) where the adapter can answer in the tool's place, :meth:`Call.open` when the request
-goes through (measured onto its span), and one answer: :meth:`Call.result` (what to hand on: the result itself, or
-what a guard made of it), :meth:`Call.error` (a JSON-RPC error), :meth:`Call.refused` (the guard's answer, sent in
-the call's place) or :meth:`Call.cancelled` (a stream the client ended); :meth:`Call.close` ends it in every case.
+``call = recorder.begin(side, method, params, key)``, then :meth:`Call.guard` (the request-side guards: an answer
+in the server's place is ``call.refusal``, a result, or ``call.refusal_error``, a JSON-RPC error) where the
+adapter can answer in the server's place, :meth:`Call.open` when the request goes through (measured onto its
+span), and one answer: :meth:`Call.result` (what to hand on: the result itself, or what a guard made of it),
+:meth:`Call.error` (a JSON-RPC error), :meth:`Call.refused` (the guard's answer, sent in the server's place: a
+refused tool call, a page of a kept result, or the error a read of one gets) or :meth:`Call.cancelled` (a stream
+the client ended); :meth:`Call.close` ends it in every case.
 
 The call owns the timing, the budget (the request's and the answer's tokens count together, once, when it ends),
 the never-break boundary (the conversion of an SDK model included), the span attributes (set once, with the
@@ -23,7 +25,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from ..core.guard import GuardAction
-from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Measurement, called_tool, measure_error, measure_request, measure_result
 from ..core.protocol import revalidated, shaped_result, wire_dict
 from ..core.risk import BREACH_TIERS
@@ -84,8 +85,8 @@ class Call:
     """One request and its answer (or a notification), measured once. Made by :meth:`TokenRecorder.begin`."""
 
     __slots__ = ("_events", "_first_leg", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted",
-                 "counts_as", "held", "key", "leg", "method", "params", "refusal", "server", "side", "span", "started",
-                 "tool", "transport", "version")
+                 "counts_as", "held", "key", "leg", "method", "params", "refusal", "refusal_error", "server", "side",
+                 "span", "started", "tool", "transport", "version")
 
     def __init__(self, rec: TokenRecorder, side: Side, method: str, params: Any, key: str | None,
                  server: str | None = None, budgeted: bool = True, version: str | None = None) -> None:
@@ -109,8 +110,12 @@ class Call:
         #: The request's span attributes, set together with the answer's (one call into the span).
         self.held: dict[str, Any] = {}
         self.started = 0.0
-        #: The guard's answer in the tool's place (a CallToolResult wire dict), or None: the call goes on.
+        #: The guard's answer in the server's place (a CallToolResult refusing a tool call, a page of a kept result,
+        #: an empty resource listing: a result wire dict), or None: the call goes on.
         self.refusal: dict[str, Any] | None = None
+        #: The guard's JSON-RPC error in the server's place (``code``, ``message``, ``data``: a read of a kept result
+        #: that cannot be served), or None.
+        self.refusal_error: dict[str, Any] | None = None
         #: What the guards did on this call, request and result side.
         self.actions: tuple[GuardAction, ...] = ()
         #: Whether the answer was recorded (a result, an error, a refusal or a cancellation).
@@ -140,13 +145,17 @@ class Call:
 
     def guard(self) -> dict[str, Any] | None:
         """The request-side guards, on the budget as it stands (before this request counts). Returns the
-        refusal (also in :attr:`refusal`), shaped for the negotiated protocol, or None: go on."""
+        refusal (also in :attr:`refusal`), shaped for the negotiated protocol, or None: go on (unless
+        :attr:`refusal_error` is set: answer with that JSON-RPC error)."""
         rec = self._rec
         span: Any = self.span
         if span is None:
             span = self._events = self._events or _Events()
         try:
-            refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server)
+            refusal = rec._guards.request(span, self.side, self.method, self.params, self.key, self.server,
+                                          self.held)
+            if refusal is None and self.method[:10] == "resources/":  # a read of a kept result, a listing
+                refusal = rec._guards.answer(self)
             if refusal is not None:
                 self.refusal = shaped_result(refusal, self.version)
         except Exception:  # the guards catch their own faults; this is the boundary around the rest
@@ -214,7 +223,8 @@ class Call:
         label = rec._label(meta, self.server)
         if key is None and self.budgeted:
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), m.total_tokens)
-        if label == UNKNOWN_SERVER and self.method in _NAMING and side != "server" and meta is not None:
+        if (meta is not None and self.method in _NAMING and side != "server"
+                and rec._labels.awaits_name(meta, self.server)):
             meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
         else:
             message_metrics(rec, side, self.method, self.tool, direction, m, label)
@@ -250,7 +260,13 @@ class Call:
             self._answer(None, error, at, guard=False)
 
     def refused(self, at: float | None = None) -> dict[str, Any]:
-        """The guard's refusal answers the call (the tool is not called): recorded as its result, returned."""
+        """The guard's answer answers the call (the server is not asked): recorded and returned, the result
+        (:attr:`refusal`) or else the JSON-RPC error (:attr:`refusal_error`)."""
+        if self.refusal is None and self.refusal_error is not None:
+            if not self.answered:
+                self.answered = True
+                self._answer(None, self.refusal_error, at, guard=False)
+            return self.refusal_error
         refusal = self.refusal or {}
         if not self.answered:
             self.answered = True

@@ -16,9 +16,11 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from ..core.measure import Measurement, Policy
 from ..core.risk import BREACH_TIERS
+from ..core.spill import span_uri
 from ..semconv import (
     A_ADVISORY,
     A_ARGUMENTS,
+    A_BUDGET_SOURCE,
     A_COST_USD,
     A_ERROR_TYPE,
     A_ESTIMATOR,
@@ -114,6 +116,8 @@ class SpanAnnotator:
         self.policy = policy
         #: Tool arguments and results go on spans (spans.capture_content or the GenAI environment switch).
         self.capture = capture
+        #: Budgets are counted in a shared store: each session figure says what it was decided on.
+        self.shared = False
         self._max_chars = max_chars
         self._fault = fault
 
@@ -181,7 +185,7 @@ class SpanAnnotator:
             elif method.startswith("resources/") and isinstance(params, (dict, Mapping)):
                 uri = params.get("uri")  # conditionally required; also on spans the SDK opened itself
                 if isinstance(uri, str):
-                    hold[A_RESOURCE_URI] = uri
+                    hold[A_RESOURCE_URI] = span_uri(uri)  # a kept result's id is a secret: hidden
         except Exception:
             self._fault("span")
 
@@ -212,6 +216,8 @@ class SpanAnnotator:
                 attrs[A_SESSION_TOKENS] = update.tokens
                 attrs[A_SESSION_UTILIZATION] = update.utilization
                 attrs[A_SESSION_STATE] = update.state
+                if self.shared:
+                    attrs[A_BUDGET_SOURCE] = update.source
             if m.error_type is not None:
                 attrs[A_ERROR_TYPE] = m.error_type
                 if m.error_type != "tool_error":

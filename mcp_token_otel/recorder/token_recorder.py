@@ -58,7 +58,10 @@ class TokenRecorder:
         *,
         policy: Policy | None = None,
         server_name: str | None = None,
+        fallback_server: str | None = None,
     ) -> None:
+        """``server_name``: the ``server`` label of every series, as the user gave it (the proxy's ``--name``);
+        ``fallback_server``: the label until a server names itself (the proxy's name from its command line)."""
         from .. import __version__
 
         self.config = config or Config()
@@ -70,7 +73,7 @@ class TokenRecorder:
         self.error_counts: Counter[str] = Counter()
         #: Called with (call, measurement) once a call's answer is recorded (the demo's live table).
         self.listeners: list[Callable[[Call, Measurement], None]] = []
-        self._labels = LabelBounds(self.config.metrics, server_name or "", self.fault)
+        self._labels = LabelBounds(self.config.metrics, server_name or "", self.fault, fallback_server or "")
         server = self.server_label()
         self.metrics = Metrics(self.config, meter_provider, __version__, server, self.fault)
         #: Every metric family's series, read by every emitter (Prometheus, OpenTelemetry, multiprocess files).
@@ -90,6 +93,7 @@ class TokenRecorder:
         self.session_first = bool(self.key_sources) and self.key_sources[0].kind == "session"
         self._ledger = SessionLedger(budget, self.fault, self._session_ended, self._meta_evicted,
                                      repeat_window=self.config.metrics.repeat_window, store_error=self._store_error)
+        self._spans.shared = self._ledger.shared
         self._costs = ContextCosts(self.config.metrics.repeat_window, self.aggregate, self._labels, self.fault)
         self._guards = GuardOrchestrator(self.config.guard, self.policy, budget.max_sessions,
                                          (self._ledger, self._labels, self.aggregate, self.fault))
@@ -116,9 +120,14 @@ class TokenRecorder:
         series alerts take increase() of (a series born at its first event hides that event from increase())."""
         agg = self.aggregate
         prom = self.config.prometheus
-        for scope, value in (("tool", prom.tool_output_rate_budget), ("service", prom.service_output_rate_budget)):
-            agg.set("mcp_token_output_rate_budget_tokens_per_second", (scope, server), value)
+        budgets = (("tool", prom.tool_output_rate_budget), ("service", prom.service_output_rate_budget))
+        # Read at collection: under the server's own name once it is known (the proxy learns it).
+        agg.read_with("mcp_token_output_rate_budget_tokens_per_second",
+                      lambda: [((scope, self.server_label()), value) for scope, value in budgets])
         agg.read_with("mcp_token_sessions", self._session_rows)
+        labels = self._labels
+        if labels.fallback_server and not (labels.override or labels.default_server):
+            return  # a stand-in name the server's own replaces: its series start when the server names itself
         agg.touch("mcp_token_instrumentation_errors", ("estimate", server))
         for op in ("add", "peek", "rate"):  # the store-error alert takes increase(): 0 until the first error
             agg.touch("mcp_token_budget_store_errors", (server, op))
@@ -223,7 +232,7 @@ class TokenRecorder:
         try:
             name = server_info_name(result)
             if name is not None:
-                meta.server, meta.label = name, None
+                meta.server, meta.label = self._labels.learn(name), None
         except Exception:
             self.fault("metrics")
 

@@ -8,9 +8,8 @@ owner). The Redis client is imported only when a Redis URL is configured (the ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..config import BudgetConfig, ConfigError
+from ..core.spill import MemorySpillStore, SpillStore
 from .base import (
     BudgetEnd,
     BudgetStore,
@@ -23,9 +22,6 @@ from .base import (
 )
 from .memory import MemoryStore
 
-if TYPE_CHECKING:
-    from .redis_store import TransitionCallback
-
 __all__ = [
     "BudgetEnd",
     "BudgetStore",
@@ -35,6 +31,7 @@ __all__ = [
     "MemoryStore",
     "SharedAnswer",
     "Source",
+    "open_spill_store",
     "open_store",
     "stable_digest",
 ]
@@ -46,7 +43,6 @@ def open_store(
     repeat_window: float = 60.0,
     on_end: EndCallback | None = None,
     on_error: ErrorCallback | None = None,
-    on_transition: TransitionCallback | None = None,
 ) -> BudgetStore:
     """The store ``budget.store`` names. A Redis URL without the ``redis`` package raises ConfigError naming the
     key; nothing is connected here (the first operation connects, within ``budget.store_timeout``)."""
@@ -58,5 +54,14 @@ def open_store(
         raise ConfigError(
             "config key 'budget.store': a Redis URL needs the redis package: pip install 'mcp-token-otel[redis]'"
         ) from None
-    return RedisStore(budget, repeat_window=repeat_window, on_end=on_end, on_error=on_error,
-                      on_transition=on_transition)
+    return RedisStore(budget, repeat_window=repeat_window, on_end=on_end, on_error=on_error)
+
+
+def open_spill_store(store: BudgetStore, ttl: float, max_bytes: int) -> SpillStore:
+    """Where cut results are kept (``guard.spill``): beside the budgets in a shared store, so any replica serves a
+    read; else in this process's memory."""
+    make = getattr(store, "spill_store", None)
+    if callable(make):
+        spills: SpillStore = make(ttl, max_bytes)
+        return spills
+    return MemorySpillStore(ttl, max_bytes)

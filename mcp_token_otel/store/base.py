@@ -17,10 +17,9 @@ from typing import Literal, Protocol
 
 from ..core.budget import BudgetState
 
-#: What an answer was decided on: ``shared`` (the shared store, in the same round trip), ``local`` (this
-#: process's count: the memory store, or the shared store unreachable) or ``held`` (a request's tokens kept here to
-#: go with the next message of the same budget: the figures are this process's estimate until then).
-Source = Literal["shared", "local", "held"]
+#: What an answer was decided on: ``shared`` (the shared store, in the same round trip) or ``local`` (this
+#: process's count: the memory store, or the shared store unreachable, slow or backing off after a failure).
+Source = Literal["shared", "local"]
 
 #: Called with the operation (``add``, ``peek``, ``rate``) each time one is answered locally because the shared
 #: store failed, timed out or is backing off after a failure.
@@ -35,11 +34,9 @@ class SharedAnswer:
     tokens: int
     utilization: float
     state: BudgetState
-    #: States this message entered, each claimed once across every replica, in order.
+    #: States this add entered, each claimed once across every replica, in order (with a shared store, states
+    #: claimed by tokens this process counted during an outage and sent later come with its next add).
     transitions: tuple[BudgetState, ...] = ()
-    #: States entered by held messages (requests' tokens) sent to the store with this one: they crossed the
-    #: threshold, not this message.
-    held_transitions: tuple[BudgetState, ...] = ()
     #: A call digest sent with this add was seen in this budget within ``metrics.repeat_window`` (any replica).
     repeat: bool = False
     #: The tools/list digest sent with this add differs from the budget's previous one (any replica).
@@ -83,15 +80,13 @@ class BudgetStore(Protocol):
         key: str,
         tokens: int,
         *,
-        final: bool = True,
         call_digest: bytes | None = None,
         tools_digest: bytes | None = None,
     ) -> SharedAnswer:
-        """Count one message's tokens. ``final=False`` (a request whose response follows) may be held here and
-        sent with the next ``final=True`` add of the same budget: one round trip per call. ``call_digest``: a
-        tools/call's (tool, arguments) digest, checked for a repeat; ``tools_digest``: a tools/list's (first
-        page's) digest, compared with the budget's previous one. Digests must be stable across processes
-        (:func:`stable_digest`), not ``hash()``."""
+        """Count one call's tokens (its request's and its answer's, added once when the call ends: one round
+        trip with a shared store). ``call_digest``: a tools/call's (tool, arguments) digest, checked for a
+        repeat; ``tools_digest``: a tools/list's (first page's) digest, compared with the budget's previous one.
+        Digests must be stable across processes (:func:`stable_digest`), not ``hash()``."""
         ...
 
     def peek(self, side: str, key: str) -> SharedAnswer:
@@ -120,7 +115,7 @@ class BudgetStore(Protocol):
         ...
 
     def flush(self) -> None:
-        """Send every held message now (at a session's end, at close)."""
+        """Send now what was counted here while the shared store was unreachable (at close)."""
         ...
 
     def close(self) -> None:

@@ -1,10 +1,10 @@
 """What the Redis store keeps per budget in this process, and its health: the local count it falls back on.
 
-An entry mirrors the budget's last shared answer plus what this process added since without the store knowing
-(``unsent``: requests held for the next message, or messages counted while the store was unreachable). While
-the store is down, the entry answers alone: its tokens are the last shared total plus this process's own since, so
-a transition fires when that estimate crosses a threshold; the states it reported are remembered (``fired``) so
-that the shared claim of the same state, once the store answers again, is not reported twice by this process.
+An entry mirrors the budget's last shared answer plus what this process counted since without the store knowing
+(``unsent``: messages counted while the store was unreachable, sent when it answers again). While the store is
+down, the entry answers alone: its tokens are the last shared total plus this process's own since, so a transition
+fires when that estimate crosses a threshold; the states it reported are remembered (``fired``) so that the shared
+claim of the same state, once the store answers again, is not reported twice by this process.
 """
 
 from __future__ import annotations
@@ -20,21 +20,20 @@ from .memory import check_repeat
 
 log = logging.getLogger("mcp_token_otel.store")
 
-#: Bits of a state: the script's "entered" masks and an entry's ``fired`` use them.
-STATE_BITS: dict[BudgetState, int] = {"ok": 0, "warning": 1, "exhausted": 2}
+#: States as bits (warning 1, exhausted 2), as the script's "entered" masks and an entry's ``fired`` hold them.
 #: A bit mask -> the states it holds, in order (warning before exhausted).
 ENTERED: tuple[tuple[BudgetState, ...], ...] = ((), ("warning",), ("exhausted",), ("warning", "exhausted"))
 #: State code (0, 1, 2) -> the mask of every state up to it.
 REACHED = (0, 1, 3)
-#: Messages held per budget at most: the next one goes to the store with them.
-MAX_HELD = 16
+#: Messages counted during an outage are kept one by one up to this many per budget, then as their sum.
+MAX_UNSENT = 64
 
 
 class Entry:
     """One budget as this process knows it."""
 
-    __slots__ = ("calls", "fired", "hid", "last_seen", "owner", "recent", "shared", "state", "tokens", "tools",
-                 "tools_unsent", "unsent", "unsent_calls", "unsent_since")
+    __slots__ = ("calls", "claimed", "fired", "hid", "last_seen", "owner", "recent", "shared", "state", "tokens",
+                 "tools", "tools_unsent", "unsent")
 
     def __init__(self, hid: str, now: float) -> None:
         self.hid = hid
@@ -46,41 +45,37 @@ class Entry:
         #: States this process reported from its own count while the store was down (bits): the store's claim of
         #: the same state, once it answers, is not reported again.
         self.fired = 0
+        #: States claimed in the store by ``unsent`` tokens that the store's own thread sent (no message of this
+        #: process went with them): reported with this process's next add to the budget.
+        self.claimed = 0
         self.owner = False
         #: An answer from the store was had for this budget (its figures are then the shared ones).
         self.shared = False
         self.last_seen = now
-        #: Tokens of messages the store has not seen yet, in order, and since when.
+        #: Tokens of messages the store has not seen yet (counted during an outage), in order.
         self.unsent: list[int] = []
-        self.unsent_since = now
-        #: Call digests held with them (checked for a repeat when they are sent).
-        self.unsent_calls: list[bytes] = []
         #: A tools/list digest compared here while the store was down: set in the store at the next send.
         self.tools_unsent: bytes | None = None
         #: The fallback's own repeat check and last tools/list digest.
         self.recent: dict[bytes, float] | None = None
         self.tools: bytes | None = None
 
-    def count_locally(
-        self, tokens: int, warn_at: float, exhaust_at: float, send_later: bool = True
-    ) -> tuple[BudgetState, ...]:
+    def count_locally(self, tokens: int, warn_at: float, exhaust_at: float, send_later: bool = True) -> int:
         """Add a message to the estimate (``send_later``: one the store has not seen, sent when it answers); the
-        states the estimate entered that this process has not reported yet (it reports them now)."""
+        states (bits) the estimate entered that this process has not reported yet (it reports them now)."""
         if send_later:
             self.unsent.append(tokens)
-            if len(self.unsent) == 1:
-                self.unsent_since = time.monotonic()
-            elif len(self.unsent) > 4 * MAX_HELD:  # a long outage: keep the sum, not every message
+            if len(self.unsent) > MAX_UNSENT:  # a long outage: keep the sum, not every message
                 self.unsent[:] = [sum(self.unsent)]
         self.tokens += tokens
         self.calls += 1
         state = 2 if self.tokens >= exhaust_at else 1 if self.tokens >= warn_at else 0
         if state <= self.state:
-            return ()
+            return 0
         new = REACHED[state] & ~REACHED[self.state] & ~self.fired
         self.state = state
         self.fired |= new
-        return ENTERED[new]
+        return new
 
     def check_locally(self, call: bytes | None, tools: bytes | None, window: float) -> tuple[bool, bool]:
         """The repeat and tools/list checks on this process's own history (the store is down)."""
@@ -99,33 +94,27 @@ class Entry:
     def state_name(self) -> BudgetState:
         return BUDGET_STATES[self.state]
 
-    def answer(
-        self,
-        window: int,
-        source: Source,
-        transitions: tuple[BudgetState, ...] = (),
-        repeat: bool = False,
-        changed: bool = False,
-    ) -> SharedAnswer:
-        """An answer from what this process knows of the budget."""
-        return SharedAnswer(self.tokens, self.tokens / window, self.state_name, transitions, (), repeat, changed,
+    def answer(self, window: int, source: Source, entered: int = 0, repeat: bool = False,
+               changed: bool = False) -> SharedAnswer:
+        """An answer from what this process knows of the budget; ``entered``: the states (bits) it reports, with
+        those claimed earlier by tokens sent without a message."""
+        entered, self.claimed = entered | self.claimed, 0
+        return SharedAnswer(self.tokens, self.tokens / window, self.state_name, ENTERED[entered], repeat, changed,
                             self.owner, source, self.calls, window)
 
     def take_reply(self, reply: list[int], sent: int, message: bool, window: int) -> SharedAnswer:
-        """Take the store's reply to an add of ``sent`` messages: the answer for the last one (``message``; else
-        they were all held), the held ones' transitions apart. States this process already reported while the
-        store was down are not reported again."""
+        """Take the store's reply to an add of ``sent`` messages' tokens. With ``message`` (an add of this
+        process: its own tokens last, any counted during an outage before them) the answer reports every state
+        they claimed; without (the store's thread sent outage tokens alone) the claims wait for the next add.
+        States this process already reported while the store was down are not reported again."""
         tokens, state, mine, repeat, changed, calls, created = (int(v) for v in reply[:7])
-        masks = [int(v) for v in reply[7:7 + sent]]
+        entered = 0
+        for mask in reply[7:7 + sent]:
+            entered |= int(mask)
         fired = 0 if created else self.fired
-        own = masks.pop() if message and masks else 0
-        held = 0
-        for mask in masks:
-            held |= mask
-        self.fired = fired & ~(own | held)  # reported already, while the store was down: not again
-        own &= ~fired
-        held &= ~fired
-        pending = sum(self.unsent)  # added here while this round trip was under way
+        self.fired = fired & ~entered  # reported already, while the store was down: not again
+        entered &= ~fired
+        pending = sum(self.unsent)  # counted here while this round trip was under way
         if created:  # a new budget (or one idle past its timeout): its figures start here
             self.tokens, self.calls, self.state = tokens + pending, calls + len(self.unsent), state
         else:  # replies of concurrent adds arrive in any order: figures only grow
@@ -133,7 +122,12 @@ class Entry:
             self.calls = max(self.calls, calls + len(self.unsent))
             self.state = max(self.state, state)
         self.owner, self.shared = bool(mine), True
-        return SharedAnswer(tokens, tokens / window, BUDGET_STATES[state], ENTERED[own], ENTERED[held], bool(repeat),
+        if not message:
+            self.claimed |= entered
+            entered = 0
+        else:
+            entered, self.claimed = entered | self.claimed, 0
+        return SharedAnswer(tokens, tokens / window, BUDGET_STATES[state], ENTERED[entered], bool(repeat),
                             bool(changed), self.owner, "shared", calls, window)
 
 

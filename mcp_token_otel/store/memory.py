@@ -83,7 +83,6 @@ class MemoryStore:
         key: str,
         tokens: int,
         *,
-        final: bool = True,
         call_digest: bytes | None = None,
         tools_digest: bytes | None = None,
     ) -> SharedAnswer:
@@ -92,7 +91,7 @@ class MemoryStore:
             if call_digest is None and tools_digest is None:
                 return SharedAnswer(update.tokens, update.utilization, update.state, update.transitions)
             repeat, changed = self._digest(side, key, call_digest, tools_digest)
-        return SharedAnswer(update.tokens, update.utilization, update.state, update.transitions, (), repeat, changed)
+        return SharedAnswer(update.tokens, update.utilization, update.state, update.transitions, repeat, changed)
 
     def _digest(self, side: str, key: str, call: bytes | None, tools: bytes | None) -> tuple[bool, bool]:
         digests = self._digests.get((side, key))
@@ -144,7 +143,7 @@ class MemoryStore:
             return self.registries[side].sessions()
 
     def flush(self) -> None:
-        """Nothing is held in memory."""
+        """Nothing waits to be sent."""
 
     def close(self) -> None:
         """Nothing to release."""
@@ -156,6 +155,3 @@ class MemoryStore:
                 self._on_end(side, key, BudgetEnd(budget.tokens, budget.utilization, budget.state, why))
 
         return ended
-
-
-

@@ -1,14 +1,13 @@
 """Budgets shared through Redis: every replica of a server or proxy counts a conversation in one place.
 
-One add is one EVALSHA of the ``ADD`` script (scripts.py): the increment, the transitions it claims, the repeat
-and tools/list checks and the budget's expiry in one atomic round trip. A request's tokens (``final=False``) are
-held here and go with the next message of the same budget (its response), so a call costs one round trip; held
-tokens older than ``_HOLD_S`` are sent by the store's own thread.
+One add (a call's request and answer tokens, together) is one EVALSHA of the ``ADD`` script (scripts.py): the
+increment, the transitions it claims, the repeat and tools/list checks and the budget's expiry in one atomic round
+trip.
 
 Faults never reach the caller: an operation past ``budget.store_timeout``, a refused connection, a restarted
 Redis (its scripts are loaded again) are answered from this process's count (``source="local"``), counted through
 ``on_error(op)`` and logged once per outage; the store is tried again after a back-off, not at every message.
-What was counted meanwhile is sent when it answers again.
+What was counted meanwhile is sent when it answers again: with the budget's next add, or by the store's own thread.
 
 Sessions are counted once: the replica whose add created a budget in Redis owns it (``SharedAnswer.owner``);
 only the owner lists it in :meth:`RedisStore.sessions` and reports its end with the final figures, read from
@@ -24,8 +23,8 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -35,19 +34,18 @@ from ..core.guard.limits import RateLimiter
 from . import scripts
 from .base import BudgetEnd, EndCallback, ErrorCallback, KeyHasher, SharedAnswer
 from .connection import FAILURES, connection_pool
-from .local import MAX_HELD, Entry, Health, log
+from .local import Entry, Health, log
 
-#: Called with (side, key, states) for transitions claimed by held messages the store's own thread sent.
-TransitionCallback = Callable[[str, str, tuple[BudgetState, ...]], None]
+if TYPE_CHECKING:
+    from .redis_spills import RedisSpillStore
 
-#: Seconds a request's tokens may wait here for their response before the store's thread sends them.
-_HOLD_S = 2.0
 #: Seconds between tries of an unreachable store.
 _BACKOFF_S = 1.0
 #: At most this many budgets are sent or checked per pass of the store's thread (one pipelined round trip).
 _BATCH = 256
 #: How long a budget's keys outlive its idle timeout, so its owner can still read its final figures.
 _MAX_GRACE_S = 300.0
+
 
 class RedisStore:
     """Budgets counted in Redis (``budget.store: redis://...``), shared by every process that names it."""
@@ -61,9 +59,7 @@ class RedisStore:
         repeat_window: float = 60.0,
         on_end: EndCallback | None = None,
         on_error: ErrorCallback | None = None,
-        on_transition: TransitionCallback | None = None,
         backoff: float = _BACKOFF_S,
-        hold: float = _HOLD_S,
         sides: Sequence[str] = ("client", "server", "proxy"),
     ) -> None:
         self._pool = connection_pool(budget)
@@ -84,10 +80,8 @@ class RedisStore:
         self._repeat_window = repeat_window
         self._repeat_ms = str(round(repeat_window * 1000))
         self._max_sessions = budget.max_sessions
-        self._hold = hold
-        self._tick_s = min(1.0, budget.idle_timeout / 4, hold / 2)
+        self._tick_s = min(1.0, budget.idle_timeout / 4)
         self._on_end = on_end
-        self._on_transition = on_transition
         self._sides = tuple(sides)
         self._health_args = (mask_url_password(budget.store), backoff, on_error)
         self._started(fresh=True)
@@ -107,7 +101,8 @@ class RedisStore:
         self._lock = threading.Lock()
         self.health = Health(*self._health_args)
         self._tables: dict[str, OrderedDict[str, Entry]] = {side: OrderedDict() for side in self._sides}
-        self._holding: dict[tuple[str, str], Entry] = {}
+        #: Budgets with tokens counted during an outage, to send when the store answers again.
+        self._pending: dict[tuple[str, str], Entry] = {}
         self._orphans: list[tuple[str, str, list[int]]] = []
         self._limiters: dict[tuple[str, float, int], RateLimiter] = {}
         self._seq = itertools.count()
@@ -117,6 +112,13 @@ class RedisStore:
         self._faulted = False
         if not fresh:
             self._pool.reset()
+
+    def spill_store(self, ttl: float, max_bytes: int) -> RedisSpillStore:
+        """Where cut results are kept (``guard.spill``) in this store's Redis: its connections, health and key
+        hashing, so any replica serves a read."""
+        from .redis_spills import RedisSpillStore
+
+        return RedisSpillStore(self._redis, lambda: self.health, self._hash, self._prefix, ttl, max_bytes)
 
     # ------------------------------------------------------------------ keys
 
@@ -135,7 +137,7 @@ class RedisStore:
             entry = table[key] = Entry(self._hash(side, key), now)
             while len(table) > self._max_sessions:
                 old_key, old = table.popitem(last=False)
-                self._holding.pop((side, old_key), None)
+                self._pending.pop((side, old_key), None)
                 if old.unsent and len(self._orphans) < _BATCH:  # their tokens still go to the store
                     self._orphans.append((side, old_key, old.unsent))
                 self._report_end(side, old_key, old, "evicted")
@@ -152,12 +154,11 @@ class RedisStore:
         key: str,
         tokens: int,
         *,
-        final: bool = True,
         call_digest: bytes | None = None,
         tools_digest: bytes | None = None,
     ) -> SharedAnswer:
         try:
-            return self._add(side, key, tokens, final, call_digest, tools_digest)
+            return self._add(side, key, tokens, call_digest, tools_digest)
         except Exception as exc:  # a fault past the handled ones (ours, or the client's): the call still goes on
             self._fault("add", exc)
             return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
@@ -169,93 +170,62 @@ class RedisStore:
         self.health.busy(op)
 
     def _add(
-        self,
-        side: str,
-        key: str,
-        tokens: int,
-        final: bool,
-        call_digest: bytes | None,
-        tools_digest: bytes | None,
+        self, side: str, key: str, tokens: int, call_digest: bytes | None, tools_digest: bytes | None
     ) -> SharedAnswer:
         if tokens.__class__ is not int or tokens < 0:
             tokens = max(0, int(tokens))
         if self._thread is None:
             self._start_thread()
-        now = time.monotonic()
         with self._lock:
-            entry = self._entry(side, key, now)
-            # A budget this process has no shared figures for yet sends its first message at once (it learns the
-            # total and who owns it); after that a request waits for its response.
-            if not final and entry.shared and tools_digest is None and len(entry.unsent) < MAX_HELD and self.health.up:
-                if not entry.unsent:
-                    entry.unsent_since = now
-                    self._holding[side, key] = entry
-                entry.unsent.append(tokens)
-                entry.tokens += tokens
-                entry.calls += 1
-                if call_digest is not None:
-                    entry.unsent_calls.append(call_digest)
-                return entry.answer(self._window, "held")
+            entry = self._entry(side, key, time.monotonic())
         if not self.health.try_store():
-            return self._local(side, key, "add", entry, tokens, [], call_digest, tools_digest, None)
-        with self._lock:
+            return self._local(side, key, entry, tokens, [], None, call_digest, tools_digest, None)
+        with self._lock:  # what was counted during an outage goes first, in this round trip
             increments, entry.unsent = [*entry.unsent, tokens], []
-            calls, entry.unsent_calls = entry.unsent_calls, []
             deferred, entry.tools_unsent = entry.tools_unsent, None
-            self._holding.pop((side, key), None)
-        if call_digest is not None:
-            calls.append(call_digest)
-        tools = tools_digest if tools_digest is not None else deferred
+            self._pending.pop((side, key), None)
         try:
             reply = self._add_script(
-                [self._key(entry.hid), *self._repeat_keys(entry.hid, calls)],
-                self._add_args(increments, tools, tools_digest is not None),
+                [self._key(entry.hid), *self._repeat_keys(entry.hid, [call_digest] if call_digest else [])],
+                self._add_args(increments, tools_digest if tools_digest is not None else deferred,
+                               tools_digest is not None),
             )
         except FAILURES as exc:
-            return self._local(side, key, "add", entry, tokens, increments[:-1], call_digest, tools_digest, exc,
-                               calls)
+            return self._local(side, key, entry, tokens, increments[:-1], deferred, call_digest, tools_digest, exc)
         self.health.ok()
         with self._lock:
-            answer = self._shared(entry, reply, len(increments))
-        return answer
+            return entry.take_reply(reply, len(increments), True, self._window)
 
     def _add_args(self, increments: list[int], tools: bytes | None, report: bool, release: bool = False) -> list[Any]:
         return [self._idle_ms, self._ttl_ms, self._warn_arg, self._exhaust_arg, self.instance, self._repeat_ms,
                 tools if tools is not None else b"", "1" if report else "0", "1" if release else "0", *increments]
 
-    def _shared(self, entry: Entry, reply: list[int], sent: int, message: bool = True) -> SharedAnswer:
-        """An ADD reply taken into the entry (under the lock)."""
-        return entry.take_reply(reply, sent, message, self._window)
-
     def _local(
         self,
         side: str,
         key: str,
-        op: str,
         entry: Entry,
         tokens: int,
-        held: list[int],
+        unsent: list[int],
+        deferred: bytes | None,
         call_digest: bytes | None,
         tools_digest: bytes | None,
         exc: BaseException | None,
-        calls: list[bytes] | None = None,
     ) -> SharedAnswer:
-        """Answer from this process's count (the store failed with ``exc``, or is backing off: None)."""
+        """Answer an add from this process's count (the store failed with ``exc``, or is backing off: None).
+        ``unsent`` and ``deferred``: what an add that failed took from the entry, put back unless it was sent."""
         delivered = isinstance(exc, redis.exceptions.TimeoutError)  # sent, maybe applied: never sent twice
         with self._lock:
-            if held and not delivered:
-                entry.unsent[:0] = held
-            transitions = entry.count_locally(tokens, self._warn_at, self._exhaust_at, send_later=not delivered)
+            if not delivered:
+                entry.unsent[:0] = unsent
+                if entry.tools_unsent is None:
+                    entry.tools_unsent = deferred
+            entered = entry.count_locally(tokens, self._warn_at, self._exhaust_at, send_later=not delivered)
             if entry.unsent:
-                self._holding[side, key] = entry
-            repeat = False
-            for digest in calls or []:  # held digests sent in vain: checked here
-                repeat = entry.check_locally(digest, None, self._repeat_window)[0] or repeat
-            if not calls:
-                repeat = entry.check_locally(call_digest, None, self._repeat_window)[0]
-            changed = entry.check_locally(None, tools_digest, self._repeat_window)[1]
-            answer = entry.answer(self._window, "local", transitions, repeat, changed)
-        self._failed(op, exc)
+                self._pending[side, key] = entry
+            repeat, changed = entry.check_locally(call_digest, tools_digest, self._repeat_window)
+            answer = entry.answer(self._window, "local", entered, repeat, changed)
+        self._failed("add", exc)
         return answer
 
     @staticmethod
@@ -278,47 +248,35 @@ class RedisStore:
             entry = self._tables[side].get(key)
             if entry is not None and entry.state == 2 and entry.shared and not entry.fired & 2:
                 # exhausted, as the store said: it stays so until the budget ends (no round trip)
-                return entry.answer(self._window, "shared")
-            held: list[int] = []
-            calls: list[bytes] = []
-            if entry is not None and entry.unsent and self.health.up:
-                held, entry.unsent, calls, entry.unsent_calls = entry.unsent, [], entry.unsent_calls, []
-                self._holding.pop((side, key), None)
+                return SharedAnswer(entry.tokens, entry.tokens / self._window, "exhausted", owner=entry.owner,
+                                    source="shared", calls=entry.calls, context_window=self._window)
+            hid = entry.hid if entry is not None else self._hash(side, key)
         if not self.health.try_store():
             return self._peek_locally(entry, None)
         try:
-            if entry is not None and held:  # the held tokens go with the read: its answer counts them
-                reply = self._add_script([self._key(entry.hid), *self._repeat_keys(entry.hid, calls)],
-                                         self._add_args(held, None, False))
-            else:
-                hid = entry.hid if entry is not None else self._hash(side, key)
-                reply = self._peek_script([self._key(hid)], [self.instance])
+            reply = self._peek_script([self._key(hid)], [self.instance])
         except FAILURES as exc:
-            if entry is not None and held and not isinstance(exc, redis.exceptions.TimeoutError):
-                with self._lock:
-                    entry.unsent[:0] = held
-                    self._holding[side, key] = entry
             return self._peek_locally(entry, exc)
         self.health.ok()
-        if entry is not None and held:
-            with self._lock:
-                return self._shared(entry, reply, len(held), message=False)
         exists, tokens, state, count, age_ms, mine = (int(v) for v in reply)
-        if not exists or age_ms > int(self._idle_ms):  # ended: its next message starts afresh
-            return SharedAnswer(0, 0.0, "ok", source="shared", owner=False, context_window=self._window)
-        if entry is not None:
-            with self._lock:
+        with self._lock:
+            pending = sum(entry.unsent) if entry is not None else 0  # counted here, not sent yet
+            if not exists or age_ms > int(self._idle_ms):  # ended: its next message starts afresh
+                return SharedAnswer(pending, pending / self._window, "ok", owner=False, source="shared",
+                                    context_window=self._window)
+            if entry is not None:
                 entry.tokens, entry.state, entry.calls, entry.owner, entry.shared = (
-                    tokens + sum(entry.unsent), max(entry.state, state), count, bool(mine), True)
-        return SharedAnswer(tokens, tokens / self._window, BUDGET_STATES[state], owner=bool(mine), source="shared",
-                            calls=count, context_window=self._window)
+                    tokens + pending, max(entry.state, state), count, bool(mine), True)
+        return SharedAnswer(tokens + pending, (tokens + pending) / self._window, BUDGET_STATES[state],
+                            owner=bool(mine), source="shared", calls=count, context_window=self._window)
 
     def _peek_locally(self, entry: Entry | None, exc: BaseException | None) -> SharedAnswer:
         self._failed("peek", exc)
         if entry is None:
             return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
         with self._lock:
-            return entry.answer(self._window, "local")
+            return SharedAnswer(entry.tokens, entry.tokens / self._window, entry.state_name, owner=entry.owner,
+                                source="local", calls=entry.calls, context_window=self._window)
 
     def rate(self, side: str, key: str, window_s: float, limit: int, *, record_over: bool = False) -> int:
         try:
@@ -329,8 +287,9 @@ class RedisStore:
 
     def _rate(self, side: str, key: str, window_s: float, limit: int, record_over: bool) -> int:
         if self.health.try_store():
-            with self._lock:
-                entry = self._tables[side].get(key)
+            with self._lock:  # any side names a window (the guards' is not a budget's side)
+                table = self._tables.get(side)
+                entry = table.get(key) if table is not None else None
             hid = entry.hid if entry is not None else self._hash(side, key)
             try:
                 count = self._rate_script(
@@ -355,8 +314,9 @@ class RedisStore:
     # ------------------------------------------------------------------ ends
 
     def end(self, side: str, key: str) -> None:
-        """The budget's connection ended here: what it held is sent, its owner reports the end with the shared
-        figures and gives up ownership (the next replica to add to it counts it from then on)."""
+        """The budget's connection ended here: what this process counted during an outage is sent, its owner
+        reports the end with the shared figures and gives up ownership (the next replica to add to it counts it
+        from then on)."""
         try:
             self._end(side, key)
         except Exception as exc:
@@ -365,35 +325,38 @@ class RedisStore:
     def _end(self, side: str, key: str) -> None:
         with self._lock:
             entry = self._tables[side].pop(key, None)
-            self._holding.pop((side, key), None)
+            self._pending.pop((side, key), None)
         if entry is None:
             return
         source = "shared" if entry.shared else "local"
         if (entry.owner or entry.unsent) and not self.health.try_store():
             source = "local"
-            with self._lock:  # sent by the store's thread once Redis answers
-                if entry.unsent and len(self._orphans) < _BATCH:
-                    self._orphans.append((side, key, entry.unsent))
+            self._orphan(side, key, entry.unsent)  # sent by the store's thread once Redis answers
         elif entry.owner or entry.unsent:
             try:
                 reply = self._add_script(
-                    [self._key(entry.hid), *self._repeat_keys(entry.hid, entry.unsent_calls)],
+                    [self._key(entry.hid)],
                     self._add_args(entry.unsent, entry.tools_unsent, False, release=entry.owner),
                 )
             except FAILURES as exc:
                 self._failed("end", exc)
                 source = "local"
-                if entry.unsent and not isinstance(exc, redis.exceptions.TimeoutError):
-                    with self._lock:  # still sent, by the store's thread, once Redis answers
-                        if len(self._orphans) < _BATCH:
-                            self._orphans.append((side, key, entry.unsent))
+                if not isinstance(exc, redis.exceptions.TimeoutError):
+                    self._orphan(side, key, entry.unsent)
             else:
                 self.health.ok()
                 sent, entry.unsent = len(entry.unsent), []
                 with self._lock:
-                    self._shared(entry, reply, sent, message=False)
+                    entry.take_reply(reply, sent, False, self._window)
         with self._lock:
             self._report_end(side, key, entry, "ended", source)
+
+    def _orphan(self, side: str, key: str, unsent: list[int]) -> None:
+        """Tokens of a budget this process let go of, still to send (by the store's thread)."""
+        if unsent:
+            with self._lock:
+                if len(self._orphans) < _BATCH:
+                    self._orphans.append((side, key, unsent))
 
     def _failed(self, op: str, exc: BaseException | None) -> None:
         """``op`` failed with ``exc``: answered locally. A pool with no free connection is no outage."""
@@ -414,15 +377,16 @@ class RedisStore:
             log.debug("budget store end callback failed", exc_info=True)
 
     def expire(self) -> None:
-        """One pass of the store's own thread, now: held tokens past their time are sent, budgets idle here
-        are ended (an owned one only once Redis says it is idle everywhere, with its final figures)."""
+        """One pass of the store's own thread, now: tokens counted during an outage are sent once the store
+        answers, budgets idle here are ended (an owned one only once Redis says it is idle everywhere, with its
+        final figures)."""
         try:
             self._tick(time.monotonic())
         except Exception:  # never raises: the next pass tries again
             log.debug("budget store pass failed", exc_info=True)
 
     def _tick(self, now: float) -> None:
-        flushes: list[tuple[str, str, Entry, list[int], list[bytes]]] = []
+        flushes: list[tuple[str, str, Entry, list[int], bytes | None]] = []
         checks: list[tuple[str, str, Entry, float]] = []
         orphans: list[tuple[str, str, list[int]]] = []
         up = self.health.try_store()
@@ -435,26 +399,30 @@ class RedisStore:
                         checks.append((side, key, entry, entry.last_seen))
                     elif not entry.owner or not up:
                         del table[key]
-                        self._holding.pop((side, key), None)
+                        self._pending.pop((side, key), None)
                         if entry.unsent and len(self._orphans) < _BATCH:
                             self._orphans.append((side, key, entry.unsent))
                         self._report_end(side, key, entry, "idle")
             if up:
-                for (side, key), entry in list(self._holding.items()):
-                    if len(flushes) >= _BATCH:
-                        break
-                    if not entry.unsent:
-                        del self._holding[side, key]
-                    elif now - entry.unsent_since >= self._hold:
-                        flushes.append((side, key, entry, entry.unsent, entry.unsent_calls))
-                        entry.unsent, entry.unsent_calls = [], []
-                        del self._holding[side, key]
+                flushes = self._take_pending()
                 orphans, self._orphans = self._orphans, []
         if not (flushes or checks or orphans):
             if up and not self.health.up:  # a probe with nothing to send: is it back?
                 self._probe()
             return
         self._send_batch(flushes, checks, orphans)
+
+    def _take_pending(self) -> list[tuple[str, str, Entry, list[int], bytes | None]]:
+        """Up to a batch of the budgets' tokens counted during an outage, taken to send (under the lock)."""
+        flushes: list[tuple[str, str, Entry, list[int], bytes | None]] = []
+        for (side, key), entry in list(self._pending.items()):
+            if len(flushes) >= _BATCH:
+                break
+            del self._pending[side, key]
+            if entry.unsent:
+                flushes.append((side, key, entry, entry.unsent, entry.tools_unsent))
+                entry.unsent, entry.tools_unsent = [], None
+        return flushes
 
     def _probe(self) -> None:
         try:
@@ -466,15 +434,14 @@ class RedisStore:
 
     def _send_batch(
         self,
-        flushes: list[tuple[str, str, Entry, list[int], list[bytes]]],
+        flushes: list[tuple[str, str, Entry, list[int], bytes | None]],
         checks: list[tuple[str, str, Entry, float]],
         orphans: list[tuple[str, str, list[int]]],
     ) -> None:
-        """One pipelined round trip: held tokens sent, owned idle budgets read."""
+        """One pipelined round trip: tokens counted during an outage sent, owned idle budgets read."""
         pipe = self._redis.pipeline(transaction=False)
-        for _, _, entry, increments, calls in flushes:
-            self._add_script([self._key(entry.hid), *self._repeat_keys(entry.hid, calls)],
-                             self._add_args(increments, None, False), client=pipe)
+        for _, _, entry, increments, tools in flushes:
+            self._add_script([self._key(entry.hid)], self._add_args(increments, tools, False), client=pipe)
         for side, key, increments in orphans:
             self._add_script([self._key(self._hash(side, key))], self._add_args(increments, None, False),
                              client=pipe)
@@ -489,18 +456,22 @@ class RedisStore:
             self._failed("flush", failure)
         else:
             self.health.ok()
-        claimed: list[tuple[str, str, tuple[BudgetState, ...]]] = []
         now = time.monotonic()
         with self._lock:
-            for (side, key, entry, increments, _), reply in zip(flushes, replies[:len(flushes)], strict=True):
+            for (side, key, entry, increments, tools), reply in zip(flushes, replies[:len(flushes)], strict=True):
                 if isinstance(reply, BaseException):
-                    if not isinstance(reply, redis.exceptions.TimeoutError):
+                    if not isinstance(reply, redis.exceptions.TimeoutError):  # not sent: sent later
                         entry.unsent[:0] = increments
-                        self._holding[side, key] = entry
+                        if entry.tools_unsent is None:
+                            entry.tools_unsent = tools
+                        self._pending[side, key] = entry
                     continue
-                answer = self._shared(entry, reply, len(increments), message=False)
-                if answer.held_transitions:
-                    claimed.append((side, key, answer.held_transitions))
+                entry.take_reply(reply, len(increments), False, self._window)  # claims go with its next add
+            for (side, key, increments), reply in zip(orphans, replies[len(flushes):len(flushes) + len(orphans)],
+                                                      strict=True):
+                if (isinstance(reply, BaseException) and not isinstance(reply, redis.exceptions.TimeoutError)
+                        and len(self._orphans) < _BATCH):
+                    self._orphans.append((side, key, increments))
             for (side, key, entry, seen), reply in zip(checks, replies[len(flushes) + len(orphans):], strict=True):
                 table = self._tables[side]
                 if table.get(key) is not entry or entry.last_seen != seen:
@@ -515,14 +486,8 @@ class RedisStore:
                     if exists and mine:  # idle everywhere: the final figures are Redis's
                         entry.tokens, entry.state, entry.calls, entry.shared = tokens, state, count, True
                 del table[key]
-                self._holding.pop((side, key), None)
+                self._pending.pop((side, key), None)
                 self._report_end(side, key, entry, "idle")
-        if self._on_transition is not None:
-            for side, key, states in claimed:
-                try:
-                    self._on_transition(side, key, states)
-                except Exception:
-                    log.debug("budget store transition callback failed", exc_info=True)
 
     # ------------------------------------------------------------------ what this process counts
 
@@ -552,16 +517,19 @@ class RedisStore:
             self.expire()
 
     def flush(self) -> None:
-        """Send every held message now (one round trip; none when nothing is held)."""
+        """Send now what was counted during an outage (one round trip; none when nothing waits or the store is
+        still backing off)."""
         with self._lock:
-            flushes = [(side, key, entry, entry.unsent, entry.unsent_calls)
-                       for (side, key), entry in self._holding.items() if entry.unsent]
-            for _, _, entry, _, _ in flushes:
-                entry.unsent, entry.unsent_calls = [], []
-            self._holding.clear()
+            waiting = bool(self._pending or self._orphans)
+        if not waiting or not self.health.try_store():
+            return
+        with self._lock:
+            flushes = self._take_pending()
             orphans, self._orphans = self._orphans, []
-        if (flushes or orphans) and self.health.try_store():
+        if flushes or orphans:
             self._send_batch(flushes, [], orphans)
+        elif not self.health.up:
+            self._probe()
 
     def close(self) -> None:
         """Flush, stop the store's thread and close the connections (a later call opens one again)."""

@@ -6,6 +6,8 @@ line counts that have no default, as the npm server declares it; ``search`` take
 server is its next release: ``search``'s ``limit`` loses its ``maximum``.
 
 Tool calls answer for real: ``read_file`` reads the file at ``path`` (``head``/``tail`` honoured).
+
+``--http HOST:PORT`` serves streamable HTTP at /mcp instead of stdio.
 """
 
 from __future__ import annotations
@@ -94,5 +96,15 @@ async def main() -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
+def serve_http(address: str) -> None:
+    import uvicorn
+
+    host, _, port = address.rpartition(":")
+    uvicorn.run(server.streamable_http_app(), host=host, port=int(port), log_level="warning")
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    if "--http" in sys.argv:
+        serve_http(sys.argv[sys.argv.index("--http") + 1])
+    else:
+        anyio.run(main)

@@ -236,8 +236,10 @@ def test_headers_auth_and_status_pass_through() -> None:
     assert seen[3]["method"] == "DELETE"
 
 
-def test_sse_stream_relayed_as_it_arrives_and_client_disconnect() -> None:
-    """Events reach the client before the stream ends; a client leaving mid-stream closes the upstream one."""
+@pytest.mark.parametrize("interval", [0.05, 60.0])
+def test_sse_stream_relayed_as_it_arrives_and_client_disconnect(interval: float) -> None:
+    """Events reach the client before the stream ends; a client leaving mid-stream closes the upstream one,
+    whether the next event would have shown it (a write that fails) or not (an upstream silent meanwhile)."""
     closed = threading.Event()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -252,7 +254,7 @@ def test_sse_stream_relayed_as_it_arrives_and_client_disconnect() -> None:
                 event = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"n": n}}
                 data = f"id: {n}\ndata: {json.dumps(event)}\n\n"
                 await send({"type": "http.response.body", "body": data.encode(), "more_body": True})
-                await anyio.sleep(0.05)
+                await anyio.sleep(interval)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(events)

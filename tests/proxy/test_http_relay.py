@@ -144,6 +144,38 @@ def test_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert out["capped"].startswith(b"HTTP/1.1 503 ")
 
 
+async def _answer(reader: asyncio.StreamReader) -> bytes:
+    """One answer on a kept-alive connection: its head, then its body by length or chunked."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:] if b": " in line)
+    fields = {name.lower(): value for name, value in fields.items()}
+    if b"content-length" in fields:
+        return head + await reader.readexactly(int(fields[b"content-length"]))
+    return head + await reader.readuntil(b"0\r\n\r\n")
+
+
+def test_idle_connections_close_and_busy_ones_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept-alive connection idle past KEEPALIVE_IDLE is closed; one whose requests keep coming, each
+    within that time, stays open however long it lasts in all."""
+    monkeypatch.setattr(relay_module, "KEEPALIVE_IDLE", 0.5)
+    with _serve(_echo_app) as upstream_port:
+        async def work(port: int) -> tuple[list[bytes], bytes]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            answers = []
+            for _ in range(8):  # 0.2 s apart: 1.6 s in all, three times the idle deadline
+                writer.write(b"POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+                answers.append(await _answer(reader))
+                await asyncio.sleep(0.2)
+            closed = await asyncio.wait_for(reader.read(), 10)  # idle now: the proxy closes it
+            writer.close()
+            return answers, closed
+
+        answers, closed = asyncio.run(_with_relay(upstream_port, work))
+    assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 8
+    assert closed == b""
+
+
 def test_expect_continue_and_http10(echo_proxy: str) -> None:
     url = urllib.parse.urlsplit(echo_proxy)
 

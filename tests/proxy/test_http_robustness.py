@@ -155,3 +155,110 @@ def test_a_body_dribbled_byte_by_byte_is_cut_at_the_body_deadline() -> None:
 
     whole, streamed, after = _run(work, body_timeout=0.3)
     assert whole and streamed and after.startswith(b"HTTP/1.1 200 ")
+
+
+async def _sized_app(scope: Any, receive: Any, send: Any) -> None:
+    """Answers with a length (uvicorn drops the body of a HEAD answer and keeps its length), 204 on /none."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/none":
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    body = b'{"peer": %d}' % scope["client"][1]
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def test_answers_without_body_then_more_on_one_upstream_connection() -> None:
+    """HEAD answers (a length, no body) and 204s between other requests on one kept-alive connection: every
+    answer whole and in order, one upstream connection throughout (each answer is read from where the one
+    before ended)."""
+    requests = [(b"HEAD", b"/mcp"), (b"GET", b"/mcp"), (b"GET", b"/none"), (b"POST", b"/mcp"), (b"HEAD", b"/mcp"),
+                (b"GET", b"/none"), (b"GET", b"/mcp")]
+
+    async def work(port: int) -> list[tuple[bytes, bytes]]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        out = []
+        for method, path in requests:
+            body = b"{}" if method == b"POST" else b""
+            writer.write(method + b" " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                         + body)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            fields = {n.strip().lower(): v.strip() for n, _, v in
+                      (line.partition(b":") for line in head.split(b"\r\n")[1:] if line)}
+            size = 0 if method == b"HEAD" else int(fields.get(b"content-length", b"0"))
+            out.append((head.split(b"\r\n", 1)[0], await reader.readexactly(size)))
+        writer.close()
+        return out
+
+    with _serve(_sized_app) as upstream_port:
+        answers = asyncio.run(_with_relay(upstream_port, work))
+    assert [status for status, _ in answers] == [
+        b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK", b"HTTP/1.1 204 No Content", b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 204 No Content", b"HTTP/1.1 200 OK"]
+    peers = {json.loads(body)["peer"] for _, body in answers if body}
+    assert len(peers) == 1 and len([body for _, body in answers if body]) == 3
+
+
+async def _big_app(scope: Any, receive: Any, send: Any) -> None:
+    """16 MB in 64 KB pieces: by length on /sized, else a stream (chunked)."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    piece = bytes(range(256)) * 256
+    headers = [(b"content-type", b"application/octet-stream")]
+    if scope["path"] == "/sized":
+        headers.append((b"content-length", b"%d" % (len(piece) * 256)))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for i in range(256):
+        await send({"type": "http.response.body", "body": piece, "more_body": i < 255})
+
+
+def test_a_slow_reader_gets_every_byte() -> None:
+    """A client reading a 16 MB answer slowly (small reads, pauses): the relay waits for it (its writes stay
+    bounded by the socket's pace) and every byte arrives in order: by length, and streamed, until close or
+    chunked."""
+    expected = (bytes(range(256)) * 256) * 256
+
+    async def work(port: int) -> list[bytes]:
+        out = []
+        for path, close in ((b"/sized", True), (b"/stream", True), (b"/stream", False)):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+            writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + (b"Connection: close\r\n" if close else b"")
+                         + b"\r\n")
+            await writer.drain()
+            data = bytearray()
+            while not data.endswith(b"\r\n0\r\n\r\n"):  # a chunked stream's end (the bytes never end so)
+                chunk = await reader.read(16384)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) % (1 << 20) < 16384:
+                    await asyncio.sleep(0.01)  # now and then, the client stops reading
+            writer.close()
+            head, _, body = bytes(data).partition(b"\r\n\r\n")
+            out.append(_unchunk(body) if b"transfer-encoding: chunked" in head.lower() else body)
+        return out
+
+    with _serve(_big_app) as upstream_port:
+        sized, until_close, chunked = asyncio.run(_with_relay(upstream_port, work))
+    assert sized == expected
+    assert until_close == expected
+    assert chunked == expected
+
+
+def _unchunk(body: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if not size:
+            return bytes(out)
+        out += body[end + 2:end + 2 + size]
+        at = end + 2 + size + 2

@@ -1,47 +1,19 @@
-"""Fixtures of the budget store tests: a real redis-server (module-wide, or one per test that kills it)."""
+"""Fixtures of the budget store tests: a budget section with a key prefix of its own, a RedisStore closed after the
+test (the redis-server fixtures, ``redis_server`` and ``own_redis``, are tests/conftest.py's)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mcp_token_otel.config import BudgetConfig, config_from_dict
 
-from ..support import _missing
-from .redis_server import RedisServer
+from ..redis_server import RedisServer
 
 _prefixes = itertools.count()
-
-
-def _require_redis_client() -> None:
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        _missing("the redis package (the test extra)")
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One redis-server for the module's tests; each test isolates itself with its own key prefix."""
-    _require_redis_client()
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test alone (the test may kill, restart or slow it)."""
-    _require_redis_client()
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from mcp_token_otel.store import KeyHasher
 
-from .redis_server import RedisServer
+from ..redis_server import RedisServer
 from .workers import replica, tokens_of
 
 
@@ -32,21 +32,16 @@ def test_many_threads_exact_totals_and_transitions_once(redis_server: RedisServe
     conversations, messages, threads = 40, 24, 8
     claimed: Counter[str] = Counter()
     lock = threading.Lock()
-
-    def sent_later(side: str, key: str, states: tuple[str, ...]) -> None:  # held requests the store sent itself
-        with lock:
-            claimed.update(f"{key}:{s}" for s in states)
-
-    store = open_redis(budget_for(redis_server, context_window=400, store_timeout=5.0), on_transition=sent_later)
+    store = open_redis(budget_for(redis_server, context_window=400, store_timeout=5.0))
     errors: list[BaseException] = []
 
     def run(rank: int) -> None:
         try:
             for m in range(rank, messages, threads):
                 for c in range(conversations):
-                    answer = store.add("server", f"conv-{c}", tokens_of(c, m), final=m % 2 == 1)
+                    answer = store.add("server", f"conv-{c}", tokens_of(c, m))
                     with lock:
-                        claimed.update(f"conv-{c}:{s}" for s in (*answer.transitions, *answer.held_transitions))
+                        claimed.update(f"conv-{c}:{s}" for s in answer.transitions)
         except BaseException as exc:  # reported below: a thread's failure must fail the test
             errors.append(exc)
 
@@ -56,7 +51,6 @@ def test_many_threads_exact_totals_and_transitions_once(redis_server: RedisServe
     for worker in workers:
         worker.join(timeout=120)
     assert not errors and not any(w.is_alive() for w in workers)
-    store.flush()
     totals = _totals(redis_server, store._prefix, conversations)
     assert totals == _expected(conversations, messages)
     assert min(totals.values()) >= 0.9 * 400  # every conversation crossed both thresholds
@@ -71,14 +65,11 @@ def test_replicas_round_robin_claim_each_transition_once(redis_server: RedisServ
     conversations, messages = 30, 12
     claimed: Counter[str] = Counter()
     budget = budget_for(redis_server, context_window=250)
-    stores = [open_redis(budget, on_transition=lambda s, k, states: claimed.update(f"{k}:{x}" for x in states))
-              for _ in range(replicas)]
+    stores = [open_redis(budget) for _ in range(replicas)]
     for m in range(messages):
         for c in range(conversations):
-            answer = stores[m % replicas].add("server", f"conv-{c}", tokens_of(c, m), final=m % 2 == 1)
-            claimed.update(f"conv-{c}:{s}" for s in (*answer.transitions, *answer.held_transitions))
-    for store in stores:
-        store.flush()
+            answer = stores[m % replicas].add("server", f"conv-{c}", tokens_of(c, m))
+            claimed.update(f"conv-{c}:{s}" for s in answer.transitions)
     assert _totals(redis_server, budget.store_prefix, conversations) == _expected(conversations, messages)
     assert claimed == Counter({f"conv-{c}:{s}": 1 for c in range(conversations) for s in ("warning", "exhausted")})
     owners = [{key for key, _ in store.sessions("server")} for store in stores]
@@ -106,8 +97,7 @@ def test_replicas_in_processes_claim_each_transition_once(redis_server: RedisSer
     totals = _totals(redis_server, prefix, conversations)
     assert totals == _expected(conversations, messages)
     assert min(totals.values()) >= 0.9 * window  # every conversation crossed both thresholds
-    if replicas > 1:  # requests were held and went with their responses
-        assert sum(r["sources"].get("held", 0) for r in results) > 0
+    assert all(set(r["sources"]) == {"shared"} for r in results)
 
 
 def test_a_forked_child_is_another_replica(redis_server: RedisServer, budget_for: Any, open_redis: Any) -> None:

@@ -15,8 +15,8 @@ import pytest
 
 from mcp_token_otel.store import KeyHasher
 
+from ..redis_server import RedisServer
 from ..support import free_port
-from .redis_server import RedisServer
 
 STORE_LOG = "mcp_token_otel.store"
 
@@ -46,7 +46,7 @@ def test_killed_and_restarted_redis(own_redis: RedisServer, budget_for: Any, ope
     store = open_redis(budget, on_error=errors.append, backoff=0.2)
     assert store.add("server", "conv", 100).source == "shared"
     own_redis.kill()
-    outage = [store.add("server", "conv", 50, final=i % 2 == 0) for i in range(20)]  # 100 + 1000 tokens
+    outage = [store.add("server", "conv", 50) for _ in range(20)]  # 100 + 1000 tokens
     assert {a.source for a in outage} == {"local"}
     assert [a.tokens for a in outage] == [100 + 50 * (i + 1) for i in range(20)]  # the last total, plus its own
     assert [a.transitions for a in outage if a.transitions] == [("warning",), ("exhausted",)]
@@ -72,13 +72,32 @@ def test_killed_and_restarted_redis(own_redis: RedisServer, budget_for: Any, ope
 def test_outage_tokens_reach_redis_without_traffic(own_redis: RedisServer, budget_for: Any,
                                                    open_redis: Any) -> None:
     budget = budget_for(own_redis)
-    store = open_redis(budget, backoff=0.2, hold=0.2)
+    store = open_redis(budget, backoff=0.2)
     store.add("server", "quiet", 10)
     own_redis.kill()
     assert store.add("server", "quiet", 30).source == "local"
     own_redis.start()
     # No more messages: the store's own thread finds Redis back and sends what it counted.
     _wait_for(lambda: _total(own_redis, budget.store_prefix, "quiet") == 30, "the outage's tokens reach Redis")
+
+
+def test_outage_tokens_that_cross_a_threshold_report_it_with_the_next_add(own_redis: RedisServer, budget_for: Any,
+                                                                         open_redis: Any) -> None:
+    """Tokens one replica counted while it could not reach Redis, sent later by its own thread, push the shared total
+    past both thresholds: the claims are that replica's, reported once, with its next add; no other replica's."""
+    budget = budget_for(own_redis)  # window 1000: warning at 750, exhausted at 900
+    a = open_redis(budget, backoff=0.2)
+    b = open_redis(budget)
+    a.add("server", "conv", 100)
+    a.health.failed("add", ConnectionError("as when its network to Redis fails"))  # a alone is cut off
+    alone = a.add("server", "conv", 300)
+    assert (alone.source, alone.tokens, alone.transitions) == ("local", 400, ())  # below the warning, as a knows
+    assert b.add("server", "conv", 600).transitions == ()  # 700 in Redis: below the warning too
+    _wait_for(lambda: _total(own_redis, budget.store_prefix, "conv") == 1000, "a's thread sends its outage tokens")
+    assert b.add("server", "conv", 1).transitions == ()  # claimed by a's tokens, not b's
+    after = a.add("server", "conv", 1)
+    assert (after.source, after.tokens, after.transitions) == ("shared", 1002, ("warning", "exhausted"))
+    assert a.add("server", "conv", 1).transitions == ()
 
 
 def test_slow_redis_gives_up_at_the_deadline(own_redis: RedisServer, budget_for: Any, open_redis: Any,
@@ -118,7 +137,9 @@ def _busy(probe: Any) -> bool:
 
 def test_restart_reloads_the_scripts(redis_server: RedisServer, budget_for: Any, open_redis: Any) -> None:
     errors: list[str] = []
-    store = open_redis(budget_for(redis_server), on_error=errors.append)
+    ends: list[Any] = []
+    store = open_redis(budget_for(redis_server, idle_timeout=0.5), on_error=errors.append,
+                       on_end=lambda *e: ends.append(e))
     store.add("server", "conv", 10)
     store.add("server", "conv", 10)
     redis_server.client().script_flush()  # as after a restart: EVALSHA answers NOSCRIPT
@@ -126,9 +147,9 @@ def test_restart_reloads_the_scripts(redis_server: RedisServer, budget_for: Any,
     assert store.peek("server", "other").source == "shared"
     assert store.rate("server", "conv", 60.0, 5) == 1
     redis_server.client().script_flush()
-    store.add("server", "conv", 1, final=False)
-    store.flush()  # the pipelined path loads them too
-    assert store.peek("server", "conv").tokens == 31 and errors == []
+    # The store's own pass reads an idle budget's final figures in a pipeline: it loads the scripts too.
+    _wait_for(lambda: store.expire() is None and bool(ends), "the idle budget's end")
+    assert [(key, end.tokens, end.why) for _, key, end in ends] == [("conv", 30, "idle")] and errors == []
 
 
 def test_redis_never_there(tmp_path: Path, budget_for: Any, open_redis: Any,
@@ -180,7 +201,7 @@ def test_callbacks_that_raise_do_not_reach_the_caller(own_redis: RedisServer, bu
     def boom(*args: Any) -> None:
         raise RuntimeError("a callback's own fault")
 
-    store = open_redis(budget_for(own_redis), on_error=boom, on_end=boom, on_transition=boom)
+    store = open_redis(budget_for(own_redis), on_error=boom, on_end=boom)
     assert store.add("server", "conv", 800).transitions == ("warning",)
     store.end("server", "conv")
     own_redis.kill()

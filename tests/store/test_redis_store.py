@@ -1,5 +1,5 @@
-"""The Redis budget store against a real redis-server: totals, transitions, held requests, repeats, tools/list
-churn, owners, idle ends, key prefixes and hashed keys."""
+"""The Redis budget store against a real redis-server: totals, transitions, one round trip per call, repeats,
+tools/list churn, owners, idle ends, key prefixes and hashed keys."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from mcp_token_otel.store import BudgetEnd, open_store, stable_digest
 from mcp_token_otel.store.redis_store import RedisStore
 
-from .redis_server import RedisServer
+from ..redis_server import RedisServer
 
 Ends = list[tuple[str, str, BudgetEnd]]
 
@@ -38,55 +38,39 @@ def test_open_store_names_the_redis_store(redis_server: RedisServer, budget_for:
 def test_transitions_are_claimed_once_and_attributed(redis_server: RedisServer, budget_for: Any,
                                                      open_redis: Any) -> None:
     store = open_redis(budget_for(redis_server))  # window 1000: warning at 750, exhausted at 900
-    first = store.add("server", "conv", 100, final=False)
-    assert first.source == "shared"  # no shared figures yet: sent at once, it learns the owner
-    assert store.add("server", "conv", 100).tokens == 200
-    held = store.add("server", "conv", 600, final=False)  # 800: past the warning, not yet told to Redis
-    assert (held.source, held.tokens, held.transitions, held.state) == ("held", 800, (), "ok")
-    answer = store.add("server", "conv", 10)  # the response carries the request: one round trip
-    assert answer.held_transitions == ("warning",) and answer.transitions == ()
-    assert (answer.tokens, answer.state, answer.calls) == (810, "warning", 4)
+    other = open_redis(budget_for(redis_server))
+    first = store.add("server", "conv", 200)
+    assert (first.source, first.owner, first.transitions) == ("shared", True, ())
+    answer = other.add("server", "conv", 600)  # 800: the add that crosses the warning claims it
+    assert answer.transitions == ("warning",) and not answer.owner
+    assert (answer.tokens, answer.state, answer.calls) == (800, "warning", 2)
+    assert store.add("server", "conv", 10).transitions == ()  # claimed already, by the other replica
     jump = store.add("server", "conv", 500)
-    assert jump.transitions == ("exhausted",) and jump.held_transitions == ()
-    assert store.add("server", "conv", 1).transitions == ()
+    assert jump.transitions == ("exhausted",) and (jump.tokens, jump.state) == (1310, "exhausted")
+    assert other.add("server", "conv", 1).transitions == ()
     both = store.add("server", "fresh", 5000)  # ok -> exhausted in one message: both states, in order
     assert both.transitions == ("warning", "exhausted") and both.utilization == 5.0
 
 
 def test_a_call_costs_one_round_trip(redis_server: RedisServer, budget_for: Any, open_redis: Any) -> None:
     store = open_redis(budget_for(redis_server, context_window=1_000_000))
-    store.add("server", "conv", 1, final=False)
-    store.add("server", "conv", 1)  # warmed up: scripts loaded, shared figures known
+    store.add("server", "conv", 1)  # warmed up: scripts loaded
     before = redis_server.evalsha_calls()
-    for _ in range(20):
-        assert store.add("server", "conv", 3, final=False).source == "held"
-        assert store.add("server", "conv", 7).source == "shared"
+    for _ in range(20):  # a call's request and answer tokens, added together when it ends
+        assert store.add("server", "conv", 10, call_digest=stable_digest("t", "{}")).source == "shared"
     assert redis_server.evalsha_calls() - before == 20
-    assert store.peek("server", "conv").tokens == 2 + 20 * 10
+    assert store.peek("server", "conv").tokens == 1 + 20 * 10
 
 
-def test_held_requests_without_a_response_are_sent_by_the_store(redis_server: RedisServer, budget_for: Any,
-                                                                  open_redis: Any) -> None:
-    claimed: list[tuple[str, str, tuple[str, ...]]] = []
-    store = open_redis(budget_for(redis_server), hold=0.2, on_transition=lambda *a: claimed.append(a))
-    other = open_redis(budget_for(redis_server))
-    store.add("server", "conv", 10)
-    assert store.add("server", "conv", 790, final=False).source == "held"  # its response never comes
-    _wait_for(lambda: other.peek("server", "conv").tokens == 800, "the held request reaches Redis")
-    _wait_for(lambda: bool(claimed), "the transition it claimed is reported")
-    assert claimed == [("server", "conv", ("warning",))]
-
-
-def test_peek_sends_what_is_held_and_keeps_exhausted(redis_server: RedisServer, budget_for: Any,
-                                                     open_redis: Any) -> None:
+def test_peek_reads_and_keeps_exhausted(redis_server: RedisServer, budget_for: Any, open_redis: Any) -> None:
     a = open_redis(budget_for(redis_server))
     b = open_redis(budget_for(redis_server))
     assert a.peek("server", "unknown").tokens == 0 and a.peek("server", "unknown").state == "ok"
     assert not redis_server.client().keys(f"{a._prefix}*")  # a peek creates nothing
     a.add("server", "conv", 100)
-    a.add("server", "conv", 700, final=False)
-    seen = a.peek("server", "conv")
-    assert (seen.tokens, seen.state, seen.held_transitions) == (800, "warning", ("warning",))
+    a.add("server", "conv", 700)
+    seen = b.peek("server", "conv")  # a replica that never added to it reads the shared figures
+    assert (seen.tokens, seen.state, seen.calls, seen.source, seen.transitions) == (800, "warning", 2, "shared", ())
     b.add("server", "conv", 200)  # exhausted, by another replica
     assert a.peek("server", "conv").state == "exhausted"
     before = redis_server.evalsha_calls()
@@ -187,7 +171,7 @@ def test_end_reports_once_and_hands_ownership_on(redis_server: RedisServer, budg
     b = open_redis(budget_for(redis_server))
     a.add("server", "conv", 10)
     b.add("server", "conv", 20)
-    a.add("server", "conv", 5, final=False)
+    a.add("server", "conv", 5)
     a.end("server", "conv")
     assert ends == [("server", "conv", BudgetEnd(35, 0.035, "ok", "ended", True, "shared"))]
     assert a.sessions("server") == [] and b.sessions("server") == []
@@ -236,6 +220,10 @@ def test_shared_rate_window(redis_server: RedisServer, budget_for: Any, open_red
     observe = [a.rate("server", "o", 60.0, 2, record_over=True) for _ in range(4)]
     assert observe == [1, 2, 3, 3]  # logged, but the window keeps the newest `limit` events
     assert a.rate("client", "s", 60.0, 3) == 1  # another side, another window
+    # The guards' own side (the recorder's rate limit keys its windows "guard", per side and conversation).
+    errors: list[str] = []
+    guard = open_redis(budget_for(redis_server), on_error=errors.append)
+    assert [guard.rate("guard", "server:conv", 60.0, 2) for _ in range(3)] == [1, 2, 3] and errors == []
     assert b.rate("server", "short", 0.2, 5) == 1
     assert b.rate("server", "short", 0.2, 5) == 2
     client = redis_server.client()

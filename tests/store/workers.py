@@ -15,30 +15,25 @@ def tokens_of(conversation: int, message: int) -> int:
 
 def replica(url: str, prefix: str, rank: int, replicas: int, conversations: int, messages: int,
             window: int) -> dict[str, Any]:
-    """Add this replica's share of every conversation's messages (message m goes to replica m % replicas), a
-    request held then its response; report the transitions it was told it claimed and the budgets it owns."""
+    """Add this replica's share of every conversation's calls (call m goes to replica m % replicas); report the
+    transitions it was told it claimed and the budgets it owns."""
     from mcp_token_otel.store.redis_store import RedisStore
 
     budget = config_from_dict({"budget": {"store": url, "store_prefix": prefix, "context_window": window,
                                           "store_timeout": 5.0}}).budget
     errors: list[str] = []
     claimed: Counter[str] = Counter()
-
-    def sent_later(side: str, key: str, states: tuple[str, ...]) -> None:  # held requests the store sent itself
-        claimed.update(f"{key}:{state}" for state in states)
-
-    store = RedisStore(budget, on_error=errors.append, on_transition=sent_later)
+    store = RedisStore(budget, on_error=errors.append)
     sources: Counter[str] = Counter()
     try:
         for m in range(messages):
             if m % replicas != rank:
                 continue
             for c in range(conversations):
-                answer = store.add("server", f"conv-{c}", tokens_of(c, m), final=m % 2 == 1)
+                answer = store.add("server", f"conv-{c}", tokens_of(c, m))
                 sources[answer.source] += 1
-                for state in (*answer.transitions, *answer.held_transitions):
+                for state in answer.transitions:
                     claimed[f"conv-{c}:{state}"] += 1
-        store.flush()  # a request still held at the end goes now
         owned = sorted(key for key, _ in store.sessions("server"))
     finally:
         store.close()

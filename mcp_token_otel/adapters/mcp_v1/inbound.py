@@ -1,7 +1,8 @@
 """mcp 1.x inbound requests (``RequestResponder.__enter__`` / ``respond`` / ``__exit__``): a SERVER span whose
 parent is extracted from the request's ``_meta``, attached so that handler code sees it, and the call measured
-through the recorder's Call. A refused ``tools/call`` is answered with the guard's refusal instead of running the
-handler (``Server._handle_request``). Server-side inbound notifications get a SERVER span too, as in 2.x."""
+through the recorder's Call. A refused ``tools/call``, a read of a kept result (a page or its error) and a listing
+the guards answer are answered in the server's place instead of running the handler (``Server._handle_request``).
+Server-side inbound notifications get a SERVER span too, as in 2.x."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.client.session import ClientSession
-from mcp.types import CallToolResult, ErrorData, ServerResult
+from mcp.types import (
+    CallToolResult,
+    ErrorData,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
+    ReadResourceResult,
+    ServerResult,
+)
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
@@ -39,6 +47,10 @@ logger = logging.getLogger(__name__)
 
 #: Attribute on a RequestResponder: the parent context taken from trace context this shim injected.
 _PARENT = "_mcp_token_otel_parent"
+#: The result type of each request a guard answers in the server's place.
+_ANSWERS: dict[str, Any] = {"tools/call": CallToolResult, "resources/read": ReadResourceResult,
+                            "resources/list": ListResourcesResult,
+                            "resources/templates/list": ListResourceTemplatesResult}
 
 
 class InboundState:
@@ -51,7 +63,7 @@ class InboundState:
         self.token = token
         self.info = info
         self.responded = False
-        #: The ServerResult a guard answers with instead of running the handler.
+        #: The ServerResult (or ErrorData) a guard answers with instead of running the handler.
         self.refusal: Any = None
         #: The response is the guard's own refusal: recorded as it is, not guarded.
         self.refused = False
@@ -175,12 +187,17 @@ class Inbound:
             state.depth_token = DEPTH.set(chain_depth(params))
         except Exception:
             rec.fault("guard")
-        refusal = state.call.guard()
-        if refusal is not None and state.call.side == "server":
-            try:
-                state.refusal = ServerResult(CallToolResult.model_validate(refusal))
-            except Exception:
-                rec.fault("guard")  # the call goes on as if allowed
+        call = state.call
+        refusal = call.guard()
+        if call.side != "server":
+            return
+        try:
+            if refusal is not None:
+                state.refusal = ServerResult(_ANSWERS[call.method].model_validate(refusal))
+            elif call.refusal_error is not None:
+                state.refusal = ErrorData.model_validate(call.refusal_error)
+        except Exception:
+            rec.fault("guard")  # the call goes on as if allowed
 
     async def handle_request(self, wrapped: Any, _: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         message = argument(args, kwargs, 0, "message")
@@ -188,7 +205,8 @@ class Inbound:
         if not self._shim.active or not isinstance(state, InboundState) or state.refusal is None:
             return await wrapped(*args, **kwargs)
         refusal = state.refusal
-        # A guard refused this tools/call: answer with its tool error result; the handler never runs.
+        # A guard answers in the server's place (a refused tools/call, a read of a kept result): the handler never
+        # runs.
         state.refusal = None
         state.refused = True
         try:
@@ -211,12 +229,12 @@ class Inbound:
         if state.refusal is not None:  # never reached Server._handle_request: the handler ran after all
             state.refusal = None
             self._shim.recorder.fault("guard")
+        if state.refused:
+            call.refused()
+            return response
         if isinstance(response, ErrorData):
             # ErrorData: a handler's McpError, an unknown method, an uncaught exception (code 0).
             call.error(response)
-            return response
-        if state.refused:
-            call.refused()
             return response
         response = call.result(response)
         if call.method == "initialize" and call.side == "server" and call.version is not None:

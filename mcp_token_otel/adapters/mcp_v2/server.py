@@ -84,6 +84,9 @@ class TokenMiddleware:
         try:
             if call.refusal is not None:  # answered by the guard: the handler is not called
                 return call.refused()
+            if call.refusal_error is not None:  # a read of a kept result that cannot be served: its error
+                error = call.refused()
+                raise MCPError(error["code"], error["message"], error.get("data"))
             try:
                 result = await call_next(ctx)
             except MCPError as exc:

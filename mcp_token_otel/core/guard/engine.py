@@ -20,14 +20,17 @@ from typing import Any, NamedTuple, Protocol
 
 from ..measure import DEFAULT_POLICY, Measurement, Policy, measure_result
 from ..risk import tier_of
+from ..spill import CAPABILITY_METHODS, MemorySpillStore, ReadAnswer, SpillStore, is_spill_link, read_spill
+from ..spill import with_resources_capability as _with_resources
 from . import notices
 from .annotate import META_GUARD_KEY, annotate
 from .cap import cap_result
 from .cost import cost_usd
 from .limits import RateLimiter, chain_depth
-from .padding import PaddingFinding, scan_text, strip_invisible
+from .padding import PaddingFinding, result_texts, scan_text, strip_result
 from .pagination import Pagination
 from .settings import GuardSettings, ToolPolicy, resolve_tool
+from .spilling import SpillNote, guard_blocks, spill_cut
 
 #: Policy names (the ``policy`` label of the guard counters).
 RESPONSE_CAP = "response_cap"
@@ -39,7 +42,7 @@ PADDING = "padding"
 ANNOTATE = "annotate_meta"
 POLICIES: tuple[str, ...] = (RESPONSE_CAP, SESSION_LIMIT, SESSION_WARNING, RATE_LIMIT, CHAIN_DEPTH, PADDING, ANNOTATE)
 #: Action names (what the policy did, or in observe mode would have done).
-ACTIONS: tuple[str, ...] = ("truncated", "refused", "warned", "found", "stripped", "annotated")
+ACTIONS: tuple[str, ...] = ("truncated", "spilled", "refused", "warned", "found", "stripped", "annotated")
 
 #: Methods whose results carry text the padding checks read.
 _TEXT_METHODS = frozenset({"tools/call", "resources/read", "prompts/get"})
@@ -107,6 +110,10 @@ class GuardOutcome(NamedTuple):
     context_tokens: int | None = None
     #: Their estimated cost in USD (guard.model and guard.pricing), when known.
     cost_usd: float | None = None
+    #: What the spill did with a cut result (kept, or why not), when the cap cut one with the spill on.
+    spill: SpillNote | None = None
+    #: An initialize / server/discover result to which the ``resources`` capability was added (for spill reads).
+    capability: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +152,18 @@ class GuardEngine:
         max_sessions: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         limiter: Limiter | None = None,
+        spill_store: SpillStore | None = None,
     ) -> None:
         """``limiter``: where the rate limit counts calls (default: this process; a shared deployment passes one
-        over its shared budget store)."""
+        over its shared budget store); ``spill_store``: where cut results are kept with ``guard.spill`` on
+        (default: this process's memory)."""
         self.settings = settings
+        #: Seconds, monotonic: the rate windows' and the spills' clock.
+        self.clock = clock
+        #: Where cut results are kept (None: no tool can spill).
+        self.spill_store: SpillStore | None = None
+        if settings.spills:  # enforce mode and a cap somewhere
+            self.spill_store = spill_store or MemorySpillStore(settings.spill_ttl, settings.spill_max_bytes)
         self.policy = policy
         modes = {settings.mode, *(o.mode for o in settings.tools.values() if o.mode is not None)}
         #: False when no guard can ever run: both entry points return at once.
@@ -190,6 +205,14 @@ class GuardEngine:
 
     def tool_info(self, tool: str | None) -> ToolInfo | None:
         return self._tools.get(tool) if tool is not None else None
+
+    def read_spill(self, uri: object, owner: str | None, protocol_version: str | None = None) -> ReadAnswer | None:
+        """The answer to a ``resources/read`` of a spill URI by ``owner`` (a budget key): a page or a JSON-RPC
+        error; None without a spill store."""
+        if self.spill_store is None:
+            return None
+        return read_spill(self.spill_store, uri, owner, self.clock(), protocol_version=protocol_version,
+                          ttl=self.settings.spill_ttl)
 
     def cost_usd(self, tokens: int) -> float | None:
         """USD of ``tokens`` entering the context for the configured model (any mode; None without one)."""
@@ -293,17 +316,26 @@ class GuardEngine:
         budget: BudgetView | None = None,
         measurement: Measurement | None = None,
         session_id: str | None = None,
+        owner: str | None = None,
+        spill: bool = True,
     ) -> GuardOutcome:
         """Apply the result-side guards to one successful result (a wire dict).
 
         ``measurement`` is the recorder's measure_result of this very result (saves measuring twice);
         ``arguments`` the call's arguments (pagination hints when the tool's definition was not seen);
         ``budget`` the session's budget before this result is added (the warning note states it with the result
-        added); ``session_id`` the one given to :meth:`on_request` (the note's count of tool calls)."""
+        added); ``session_id`` the one given to :meth:`on_request` (the note's count of tool calls); ``owner`` the
+        budget key a kept result belongs to; ``spill`` False keeps nothing (a side that does not answer spill reads).
+        """
         if not self.active or not isinstance(result, Mapping):
             return GuardOutcome(result)
         if method == "tools/list":
             self.learn_tools(result)
+        elif method in CAPABILITY_METHODS:
+            if spill and self.spill_store is not None:  # clients read spills only from a server with resources
+                declared, added = _with_resources(result)
+                return GuardOutcome(declared, capability=added)
+            return GuardOutcome(result)
         tp = self.tool_policy(tool if method == "tools/call" else None)
         if not tp.active:
             return GuardOutcome(result)
@@ -313,6 +345,7 @@ class GuardEngine:
         actions: list[GuardAction] = []
         enforce = tp.enforce
         original_tokens: int | None = None
+        note: SpillNote | None = None
 
         if method == "tools/call" and tp.max_response_tokens:
             if m is None:
@@ -320,11 +353,9 @@ class GuardEngine:
             data = m.data_tokens
             content = result.get("content")
             if data > tp.max_response_tokens and isinstance(content, list) and content:
-                # Cut upstream already (its notices end it, a padding notice leads it): never cut twice.
-                found = _trailing_notices(content)
-                if len(found) < len(content) and _is_notice(content[0]):
-                    found.append(content[0])
-                data -= sum(self.policy.estimator(b["text"]) for b in found)
+                # Cut upstream already (its notices and spill link end it, a padding notice leads it): never cut
+                # twice.
+                data -= sum(m.blocks[i].data_tokens for i in guard_blocks(content, _is_notice) if i < len(m.blocks))
             if data > tp.max_response_tokens:
                 cap = tp.max_response_tokens
                 if enforce:
@@ -337,6 +368,10 @@ class GuardEngine:
                     )
                     if cut is not None:
                         new = cut
+                        if spill and tp.spill and self.spill_store is not None:  # kept whole, readable by pages
+                            source = strip_result(result)[0] if tp.padding and tp.padding_action == "strip" else result
+                            new, note = spill_cut(self.spill_store, s, self.policy, source, cut, report, tool=tool,
+                                                  cap=cap, owner=owner, now=self.clock(), tokens=m.data_tokens)
                         original_tokens = m.total_tokens
                     numbers: dict[str, int | float | str] = {
                         "tokens": report.total_tokens, "kept_tokens": report.kept_tokens, "cap": cap,
@@ -347,6 +382,9 @@ class GuardEngine:
                 else:
                     numbers = {"tokens": m.data_tokens, "cap": cap}
                 actions.append(GuardAction(RESPONSE_CAP, "truncated", tool, enforce, numbers))
+                if note is not None and note.refused is None:
+                    actions.append(GuardAction(RESPONSE_CAP, "spilled", tool, True,
+                                               {"tokens": note.tokens, "pages": note.pages, "evicted": note.evicted}))
 
         if tp.padding and method in _TEXT_METHODS:
             new = self._padding(method, result, new, tool, tp, actions)
@@ -387,7 +425,7 @@ class GuardEngine:
             cost = self.cost_usd(context_tokens)
         if not actions:
             return GuardOutcome(result, (), context_tokens, cost)
-        return GuardOutcome(new, tuple(actions), context_tokens, cost)
+        return GuardOutcome(new, tuple(actions), context_tokens, cost, note)
 
     def _warning(
         self,
@@ -431,7 +469,7 @@ class GuardEngine:
         actions: list[GuardAction],
     ) -> Mapping[str, Any]:
         findings: list[PaddingFinding] = []
-        for text in _texts(result):
+        for text in result_texts(result):
             findings.extend(scan_text(text, self.settings.padding))
         if not findings:
             return new
@@ -444,7 +482,7 @@ class GuardEngine:
             return new
         stripped = 0
         if tp.padding_action == "strip" and any(f.check == "invisible_chars" for f in findings):
-            new, stripped = _strip(new)
+            new, stripped = strip_result(new)
             numbers["stripped"] = stripped
         content = new.get("content")
         noticed = method == "tools/call" and isinstance(content, list)
@@ -481,74 +519,14 @@ _WARNING = f"[{notices.PREFIX}: this session has used "
 
 
 def _trailing_notices(content: Any) -> list[Mapping[str, Any]]:
-    """The guards' notice blocks that end ``content`` (a truncation notice, a session warning note)."""
+    """The guards' notice blocks that end ``content`` (a truncation notice, a session warning note), past the spill
+    link a truncation notice may have after it."""
     out: list[Mapping[str, Any]] = []
     if isinstance(content, list):
         for block in reversed(content):
+            if is_spill_link(block):
+                continue
             if not _is_notice(block):
                 break
             out.append(block)
     return out
-
-
-def _texts(result: Mapping[str, Any]) -> list[str]:
-    """The texts a model reads in a result: text blocks, embedded resources, resource contents, prompt messages."""
-    out: list[str] = []
-    blocks: list[Any] = []
-    for key in ("content", "contents"):
-        value = result.get(key)
-        if isinstance(value, list):
-            blocks.extend(value)
-    messages = result.get("messages")
-    if isinstance(messages, list):
-        blocks.extend(m.get("content") for m in messages if isinstance(m, Mapping))
-    for block in blocks:
-        if not isinstance(block, Mapping):
-            continue
-        text = block.get("text")
-        if isinstance(text, str):
-            out.append(text)
-        resource = block.get("resource")
-        if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
-            out.append(resource["text"])
-    return out
-
-
-def _strip_block(block: Any) -> tuple[Any, int]:
-    if not isinstance(block, Mapping):
-        return block, 0
-    text = block.get("text")
-    if isinstance(text, str):
-        clean, count = strip_invisible(text)
-        return ({**block, "text": clean}, count) if count else (block, 0)
-    resource = block.get("resource")
-    if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
-        clean, count = strip_invisible(resource["text"])
-        return ({**block, "resource": {**resource, "text": clean}}, count) if count else (block, 0)
-    return block, 0
-
-
-def _strip(result: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
-    """A copy of ``result`` without invisible characters in its texts, and how many were removed."""
-    total = 0
-    out = dict(result)
-    for key in ("content", "contents"):
-        value = result.get(key)
-        if isinstance(value, list):
-            blocks = []
-            for block in value:
-                clean, count = _strip_block(block)
-                blocks.append(clean)
-                total += count
-            out[key] = blocks
-    messages = result.get("messages")
-    if isinstance(messages, list):
-        cleaned = []
-        for message in messages:
-            if isinstance(message, Mapping):
-                content, count = _strip_block(message.get("content"))
-                total += count
-                message = {**message, "content": content} if count else message
-            cleaned.append(message)
-        out["messages"] = cleaned
-    return (out, total) if total else (result, 0)

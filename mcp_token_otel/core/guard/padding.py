@@ -29,7 +29,9 @@ from __future__ import annotations
 import re
 import sys
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .settings import PaddingSettings
 
@@ -173,3 +175,66 @@ def scan_text(text: str, s: PaddingSettings) -> list[PaddingFinding]:
     if run:
         findings.append(PaddingFinding("long_line", run, s.max_line_chars, n))
     return findings
+
+
+def result_texts(result: Mapping[str, Any]) -> list[str]:
+    """The texts a model reads in a result: text blocks, embedded resources, resource contents, prompt messages."""
+    out: list[str] = []
+    blocks: list[Any] = []
+    for key in ("content", "contents"):
+        value = result.get(key)
+        if isinstance(value, list):
+            blocks.extend(value)
+    messages = result.get("messages")
+    if isinstance(messages, list):
+        blocks.extend(m.get("content") for m in messages if isinstance(m, Mapping))
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        text = block.get("text")
+        if isinstance(text, str):
+            out.append(text)
+        resource = block.get("resource")
+        if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
+            out.append(resource["text"])
+    return out
+
+
+def _strip_block(block: Any) -> tuple[Any, int]:
+    if not isinstance(block, Mapping):
+        return block, 0
+    text = block.get("text")
+    if isinstance(text, str):
+        clean, count = strip_invisible(text)
+        return ({**block, "text": clean}, count) if count else (block, 0)
+    resource = block.get("resource")
+    if isinstance(resource, Mapping) and isinstance(resource.get("text"), str):
+        clean, count = strip_invisible(resource["text"])
+        return ({**block, "resource": {**resource, "text": clean}}, count) if count else (block, 0)
+    return block, 0
+
+
+def strip_result(result: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
+    """A copy of ``result`` without invisible characters in its texts, and how many were removed."""
+    total = 0
+    out = dict(result)
+    for key in ("content", "contents"):
+        value = result.get(key)
+        if isinstance(value, list):
+            blocks = []
+            for block in value:
+                clean, count = _strip_block(block)
+                blocks.append(clean)
+                total += count
+            out[key] = blocks
+    messages = result.get("messages")
+    if isinstance(messages, list):
+        cleaned = []
+        for message in messages:
+            if isinstance(message, Mapping):
+                content, count = _strip_block(message.get("content"))
+                total += count
+                message = {**message, "content": content} if count else message
+            cleaned.append(message)
+        out["messages"] = cleaned
+    return (out, total) if total else (result, 0)

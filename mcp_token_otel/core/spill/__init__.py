@@ -44,6 +44,7 @@ from .uri import (
     is_spill_uri,
     new_spill_id,
     parse_spill_uri,
+    span_uri,
     spill_uri,
 )
 from .wire import spill_from_wire, spill_to_wire
@@ -54,6 +55,6 @@ __all__ = [
     "SCHEME", "SERVED", "TEXT", "TIMED_OUT", "TOO_LARGE", "JsonSummary", "Lookup", "MemorySpillStore", "Part",
     "Piece", "ReadAnswer", "Spill", "SpillRef", "SpillRefused", "SpillStore", "SpillUriError", "Stored",
     "build_spill", "duration", "empty_listing", "fit_text", "is_spill_id", "is_spill_link", "is_spill_uri",
-    "link_block", "new_spill_id", "page_result", "parse_spill_uri", "read_spill", "resume_page", "spill_from_wire",
-    "spill_to_wire", "spill_uri", "summaries", "with_resources_capability", "with_spill",
+    "link_block", "new_spill_id", "page_result", "parse_spill_uri", "read_spill", "resume_page", "span_uri",
+    "spill_from_wire", "spill_to_wire", "spill_uri", "summaries", "with_resources_capability", "with_spill",
 ]

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..protocol import is_modern
+
 #: Results that carry a server's capabilities.
 CAPABILITY_METHODS = frozenset({"initialize", "server/discover"})
 #: The listing requests answered (empty) for a server that declared no resources, and the key of their list.
@@ -29,7 +31,12 @@ def with_resources_capability(result: Any) -> tuple[Any, bool]:
     return {**result, "capabilities": {**capabilities, "resources": {}}}, True
 
 
-def empty_listing(method: str) -> dict[str, Any] | None:
-    """The answer to a listing request for a server that declared no resources (None: not a listing)."""
+def empty_listing(method: str, protocol_version: str | None = None) -> dict[str, Any] | None:
+    """The answer to a listing request for a server that declared no resources (None: not a listing), shaped for
+    ``protocol_version`` (2026-07-28 listings say how they may be cached: this one, for this client alone)."""
     key = LISTINGS.get(method)
-    return {key: []} if key is not None else None
+    if key is None:
+        return None
+    if is_modern(protocol_version):
+        return {key: [], "resultType": "complete", "cacheScope": "private", "ttlMs": 0}
+    return {key: []}

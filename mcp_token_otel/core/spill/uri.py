@@ -98,6 +98,19 @@ def parse_spill_uri(uri: object) -> SpillRef:
     return SpillRef(spill_id, int(digits))
 
 
+#: What stands for a spill's id where a uri is shown to others than its reader (span attributes): the id is the one
+#: secret that guards a kept result.
+HIDDEN_ID = "<id>"
+
+
+def span_uri(uri: str) -> str:
+    """``uri`` as a span may carry it: a spill URI with its id hidden (its page kept), any other uri as it is."""
+    if not is_spill_uri(uri):
+        return uri
+    _, sep, query = uri[len(PREFIX) :].partition("?")
+    return PREFIX + HIDDEN_ID + (sep + query[:16] if sep else "")
+
+
 def shown_uri(uri: object, limit: int = 96) -> str:
     """A uri as an error may quote it: bounded, so a megabyte uri does not become a megabyte error."""
     text = uri if isinstance(uri, str) else repr(uri)

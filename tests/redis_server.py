@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..support import free_port, require_binary
+from .support import free_port, require_binary
 
 #: Seconds a start or a stop may take before the test fails.
 _WAIT_S = 10.0

@@ -1,0 +1,3 @@
+module mcp-token-otel.bench/go
+
+go 1.22
