@@ -10,6 +10,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .guard import held_request
 from .http1 import (
     CHUNK,
     CLOSED,
@@ -202,11 +203,11 @@ class Exchange:
         tracker, relay = self.tracker, self.relay
         if relay.injector is not None and tracker is not None and body:
             body = relay.injector.rewrite_body(tracker, body, self.request.get(b"baggage"))
-        if relay.guard and self.up is not None and (b'"tools/call"' in body or b'"result"' in body):
-            # What a guard may refuse (a tools/call) or change (the client's result to a server's request) is
-            # handled before it goes upstream, so it is measured whatever the upstream answers; other requests
-            # are measured after the response head, as without guards (an initialize's span then carries the
-            # session it created).
+        if relay.guard and self.up is not None and held_request(body):
+            # What a guard may refuse (a tools/call), answer (a read of a kept result, a resources listing) or
+            # change (the client's result to a server's request) is handled before it goes upstream, so it is
+            # measured whatever the upstream answers; other requests are measured after the response head, as
+            # without guards (an initialize's span then carries the session it created).
             forward, reply = self.measurer.message(self.up, body)
             self.up = None  # handled
             self.measured = True
