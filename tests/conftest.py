@@ -1,17 +1,30 @@
-"""Shared fixtures and helpers for the test suite."""
+"""Fixtures shared by the suites of several folders (tests/README.md says how the tree is laid out)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mcp_token_otel.core.measure import Policy
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.support import (
+    Otel,
+    _missing,
+    fresh_otel_globals,
+    global_tracer_provider,
+    instrumented_session,
+    otel_session,
+)
 
-from .redis_server import RedisServer
-from .support import _missing, fresh_otel_globals
+# The SDK's own spans (mcp 2.x: server side, JSONRPCDispatcher) use the GLOBAL tracer provider, which can be set
+# only once per process: it is set here once, and its in-memory exporter is cleared around each test that reads it.
+EXPORTER = InMemorySpanExporter()
+TRACER_PROVIDER = global_tracer_provider(EXPORTER)
 
 
 def chars4(text: str) -> int:
@@ -22,6 +35,18 @@ def chars4(text: str) -> int:
 @pytest.fixture
 def chars4_policy() -> Policy:
     return Policy(estimator=chars4, estimator_name="chars/4")
+
+
+@pytest.fixture
+def otel() -> Iterator[Otel]:
+    """The global tracer provider's spans and a fresh meter provider for one test."""
+    yield from otel_session(EXPORTER, TRACER_PROVIDER)
+
+
+@pytest.fixture
+def instrumented(otel: Otel) -> Iterator[Any]:
+    """instrument() with chars/4 and the test providers; uninstrument() afterwards."""
+    yield from instrumented_session(otel)
 
 
 @pytest.fixture

@@ -25,8 +25,7 @@ from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.emitters.prometheus_service import start_prometheus
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.semconv import A_PROTOCOL, A_TRANSPORT
-
-from .calls import exchange
+from tests.helpers.calls import exchange
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG = {"content": [{"type": "text", "text": "word " * 12000}]}
@@ -191,8 +190,7 @@ def test_the_proxy_families_are_exactly_the_catalog_ones_on_metrics_and_opentele
     from opentelemetry import metrics
 
     from mcp_token_otel.proxy.telemetry import Telemetry
-
-    from .support import fresh_otel_globals
+    from tests.helpers.support import fresh_otel_globals
 
     reader = InMemoryMetricReader()
     with fresh_otel_globals():  # the proxy's recorder takes the global meter provider

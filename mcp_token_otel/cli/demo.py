@@ -61,7 +61,7 @@ DEMO_CONTEXT_WINDOW = 60_000
 #: The demo's guards (server side, enforce): export_table's responses are ~9,500-15,000 tokens, so about half
 #: are cut; the model prices every response (guard.pricing's default table).
 DEMO_CAP = 12_000
-#: The line above the final table (README.md shows it, and tests/test_readme.py checks that it does).
+#: The line above the final table (README.md shows it, and tests/cli/test_readme.py checks that it does).
 SUMMARY_TITLE = "final summary (tools/call results as the agents received them; sessions: server side):"
 DEMO_MODEL = "claude-sonnet-5-5"
 #: Share of search_docs results that carry a hidden instruction (invisible Unicode tag characters).

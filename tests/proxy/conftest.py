@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ..shim.test_otlp import Receiver
-from ..support import ROOT, free_port
+from tests.emitters.test_otlp import Receiver
+from tests.helpers.support import ROOT, free_port
 
 __all__ = ["Receiver", "free_port"]
 
-TEST_SERVER = ROOT / "tests" / "shim" / "servers" / "stdio_server.py"
+TEST_SERVER = ROOT / "tests" / "adapters" / "mcp_v2" / "servers" / "stdio_server.py"
 
 
 @pytest.fixture
@@ -91,14 +91,14 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):  # type
 
 
 def node_path_env() -> dict[str, str]:
-    from ..support import node_env
+    from tests.helpers.support import node_env
 
     env = node_env()
     return {"PATH": env["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
 
 
 def everything() -> str:
-    from ..support import npm_peer
+    from tests.helpers.support import npm_peer
 
     return npm_peer("mcp-server-everything")
 

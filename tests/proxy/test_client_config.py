@@ -1,6 +1,6 @@
 """``proxy --print-client-config``: the mcpServers entry a stdio MCP client needs to launch a server through the
 proxy from anywhere; launched exactly as printed, the server answers and its calls are measured (the host
-store's path, from three printed client configurations: tests/host/test_proxies.py)."""
+store's path, from three printed client configurations: tests/e2e/host/test_proxies.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from ..support import ROOT
+from tests.helpers.support import ROOT
+
 from .conftest import TEST_SERVER, free_port, proxy_argv, proxy_env, sample, scrape, wait_for
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..support import ROOT, npm_peer
+from tests.helpers.support import ROOT, npm_peer
 
 pytestmark = pytest.mark.slow
 

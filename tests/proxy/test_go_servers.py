@@ -29,7 +29,8 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from ..support import ROOT
+from tests.helpers.support import ROOT
+
 from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
 from .test_http import _open
 

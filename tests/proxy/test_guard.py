@@ -31,8 +31,8 @@ from mcp_token_otel.core.measure import measure_result
 from mcp_token_otel.proxy.guard import GuardMeasurer, LineGuard, SseGuard
 from mcp_token_otel.proxy.jsonrpc import C2S, LINES, S2C, SSE, ProxyStats
 from mcp_token_otel.recorder import TokenRecorder
+from tests.helpers.support import ROOT, npm_peer
 
-from ..support import ROOT, npm_peer
 from .conftest import Receiver, free_port, proxy_argv, proxy_env, sample, scrape, stdio_proxy_args, wait_for
 from .servers.guard_server import line, make_server
 from .test_http import _everything_session, _serve, everything_http, http_proxy, read_body

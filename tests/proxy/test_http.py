@@ -299,7 +299,7 @@ def test_startup_errors_http() -> None:
         # Regression: urlsplit's ValueError escaped as a traceback (exit 1).
         (("--listen", "127.0.0.1:0", "--upstream", "http://[::1/mcp"), "--upstream: expected an http"),
         (("--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:99999/mcp"), "--upstream: expected an http"),
-        # (--metrics-port 99999 is refused by the option's type: tests/test_cli_first_run.py)
+        # (--metrics-port 99999 is refused by the option's type: tests/cli/test_cli_first_run.py)
         # Regression: with port 0 the host went unchecked; three lines came from the measuring process.
         (("--metrics-required", "--metrics-host", "no such host!", "--metrics-port", "0", "--", sys.executable,
           "-c", "pass"),

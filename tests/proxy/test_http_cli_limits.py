@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from mcp_token_otel.cli.main import main
+from tests.helpers.support import free_port
 
-from ..support import free_port
 from .conftest import proxy_argv, proxy_env
 
 

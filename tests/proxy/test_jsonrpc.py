@@ -14,8 +14,7 @@ from opentelemetry.trace import SpanKind
 from mcp_token_otel.proxy.jsonrpc import BODY, C2S, LINES, S2C, SSE, MessageStream, ProxyStats, Tracker
 from mcp_token_otel.proxy.measure_queue import MeasureQueue
 from mcp_token_otel.recorder import SIDES, TokenRecorder
-
-from ..support import make_config
+from tests.helpers.support import make_config
 
 
 def _tracker() -> tuple[Tracker, InMemorySpanExporter, TokenRecorder]:

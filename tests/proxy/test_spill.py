@@ -1,5 +1,5 @@
 """The spill through the proxies (guard.spill on the proxy side), all real processes on 127.0.0.1: the
-filesystem-shaped test server (tests/governance/filesystem_server.py) reads a 150,000-token file, the proxy cuts it
+filesystem-shaped test server (tests/fixtures/filesystem_server.py) reads a 150,000-token file, the proxy cuts it
 at 5,000 tokens, keeps it, and answers its reads itself.
 
 Clients: the Python SDK (``read_resource``) and the TypeScript SDK's own client (npm ``@modelcontextprotocol/sdk``,
@@ -29,9 +29,9 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from mcp_token_otel.core.spill import META_SPILL_KEY, is_spill_uri
+from tests.helpers.spill_support import source_file
+from tests.helpers.support import ROOT, _missing, node_env
 
-from ..spill_support import source_file
-from ..support import ROOT, _missing, node_env
 from .conftest import free_port, proxy_argv, sample, scrape, wait_for
 from .servers.twin_server import document
 from .test_go_servers import SERVERS, go_peers, peer_binary, rust_peer  # noqa: F401 (fixtures)
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.slow
 
 CAP = 5000
 GUARD = {"mode": "enforce", "max_response_tokens": CAP, "spill": True, "sides": ["proxy"]}
-FS_SERVER = ROOT / "tests" / "governance" / "filesystem_server.py"
+FS_SERVER = ROOT / "tests" / "fixtures" / "filesystem_server.py"
 TS_CLIENT = Path(__file__).parent / "ts_spill_client.cjs"
 NODE_MODULES = ROOT / ".npm-peers" / "node_modules"
 WAIT = 120.0

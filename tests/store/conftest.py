@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from mcp_token_otel.config import BudgetConfig, config_from_dict
-
-from ..redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer
 
 _prefixes = itertools.count()
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from mcp_token_otel.store import KeyHasher
+from tests.helpers.redis_server import RedisServer
 
-from ..redis_server import RedisServer
 from .workers import replica, tokens_of
 
 

@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from mcp_token_otel.store import KeyHasher
-
-from ..redis_server import RedisServer
-from ..support import free_port
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.support import free_port
 
 STORE_LOG = "mcp_token_otel.store"
 

@@ -16,11 +16,10 @@ from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.core.spill import META_SPILL_KEY, build_spill, parse_spill_uri, spill_to_wire
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.store.redis_spills import RedisSpillStore
-
-from ..calls import exchange
-from ..redis_server import RedisServer
-from ..spill_support import source_file
-from ..support import scrape
+from tests.helpers.calls import exchange
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.spill_support import source_file
+from tests.helpers.support import scrape
 
 CALL = {"name": "read_file", "arguments": {"path": "/big.txt"}}
 

@@ -11,8 +11,7 @@ import pytest
 
 from mcp_token_otel.store import BudgetEnd, open_store, stable_digest
 from mcp_token_otel.store.redis_store import RedisStore
-
-from ..redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer
 
 Ends = list[tuple[str, str, BudgetEnd]]
 

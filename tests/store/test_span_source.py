@@ -10,9 +10,8 @@ from opentelemetry.trace import SpanKind
 
 from mcp_token_otel.config import config_from_dict
 from mcp_token_otel.recorder import TokenRecorder
-
-from ..redis_server import RedisServer
-from ..support import free_port
+from tests.helpers.redis_server import RedisServer
+from tests.helpers.support import free_port
 
 
 def one_call(url: str, tmp_prefix: str) -> dict[str, object]:
