@@ -1,30 +1,22 @@
-"""mcp 2.x: the budget of one client session accumulates across its calls, on every transport and mode.
+"""mcp 2.x: budgets where only mcp 2.x has the case (the scenarios both majors share, on every transport, are
+tests/adapters/scenarios/test_budgets.py).
 
-The 2026-07-28 protocol (``Client`` mode auto) builds a new server ``Connection`` per request: the server
-keys the budget by what stays the same for one client (the in-process dispatcher pair, the stream's
-channel). Stateless HTTP has no session: no per-call session is made up.
+The 2026-07-28 protocol (``Client`` mode auto) builds a new server ``Connection`` per request: the server keys the
+budget by what stays the same for one client (the in-process dispatcher pair); over HTTP nothing does.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from mcp import Client
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry.trace import SpanKind
 
 from .conftest import Otel, free_port, named
-from .test_v2_transports import SERVER_SCRIPT, serve
+from .test_v2_transports import serve
 
 TOKENS = "mcp_token.session.tokens"
 
@@ -55,18 +47,6 @@ async def three_calls(call: Any) -> None:
         await call("echo", {"text": f"call {i} " * 50})
 
 
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
-def test_in_process(otel: Otel, instrumented: Any, mode: str) -> None:
-    async def main() -> None:
-        with anyio.fail_after(30):
-            async with Client(echo_server(), mode=mode) as client:
-                await three_calls(client.call_tool)
-
-    anyio.run(main)
-    assert_grows(session_tokens(otel, SpanKind.SERVER))
-    assert_grows(session_tokens(otel, SpanKind.CLIENT))
-
-
 def test_in_process_auto_two_clients_are_two_sessions(otel: Otel, instrumented: Any) -> None:
     """Keyed per client, not per server: a second client starts from zero."""
     server = echo_server()
@@ -81,25 +61,6 @@ def test_in_process_auto_two_clients_are_two_sessions(otel: Otel, instrumented: 
     anyio.run(main)
     first, second, again = session_tokens(otel, SpanKind.SERVER)
     assert first == second and again > first
-
-
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-@pytest.mark.slow
-def test_stdio(otel: Otel, instrumented: Any, tmp_path: Path, mode: str) -> None:
-    spans_file = tmp_path / "spans.jsonl"
-    env = {"MCP_TOKEN_TEST_INSTRUMENT": "1", "MCP_TOKEN_TEST_SPANS": str(spans_file)}
-    params = StdioServerParameters(command=sys.executable, args=[str(SERVER_SCRIPT)], env=env)
-
-    async def main() -> None:
-        with anyio.fail_after(30):
-            async with Client(stdio_client(params), mode=mode) as client:
-                for n in (100, 200, 300):
-                    await client.call_tool("big", {"n": n})
-
-    anyio.run(main)
-    server_spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
-    values = [s["attributes"][TOKENS] for s in server_spans if s["name"] == "tools/call big"]
-    assert_grows(values)
 
 
 def run_served(app: Any, client: Callable[[int], Awaitable[None]]) -> None:
@@ -118,43 +79,16 @@ def run_served(app: Any, client: Callable[[int], Awaitable[None]]) -> None:
     anyio.run(main)
 
 
-def test_sse(otel: Otel, instrumented: Any) -> None:
-    async def client(port: int) -> None:
-        async with sse_client(f"http://127.0.0.1:{port}/sse") as (read, write), ClientSession(read, write) as session:
-            await session.initialize()
-            await three_calls(session.call_tool)
-
-    run_served(echo_server().sse_app(), client)
-    assert_grows(session_tokens(otel, SpanKind.SERVER))
-    assert_grows(session_tokens(otel, SpanKind.CLIENT))
-
-
-def test_streamable_http_stateful(otel: Otel, instrumented: Any) -> None:
-    async def client(port: int) -> None:
-        async with (
-            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            await three_calls(session.call_tool)
-
-    run_served(echo_server().streamable_http_app(), client)
-    assert_grows(session_tokens(otel, SpanKind.SERVER))
-    assert_grows(session_tokens(otel, SpanKind.CLIENT))
-
-
-@pytest.mark.parametrize("stateless", [True, False], ids=["stateless", "modern"])
-def test_http_without_session_has_no_server_budget(otel: Otel, instrumented: Any, stateless: bool) -> None:
-    """Stateless HTTP, or the 2026 protocol over HTTP: nothing ties two requests to one client, so the server
-    keeps no budget (no made-up per-call session); the client still has its own."""
-    server_app = echo_server()
-    app = server_app.streamable_http_app(stateless_http=True) if stateless else server_app.streamable_http_app()
+def test_http_2026_has_no_server_budget(otel: Otel, instrumented: Any) -> None:
+    """The 2026 protocol over HTTP (stateful app, no session on the wire): nothing ties two requests to one client,
+    so the server keeps no budget (no made-up per-call session); the client still has its own. Stateless HTTP, the
+    same on both majors: tests/adapters/scenarios/test_budgets.py."""
 
     async def client(port: int) -> None:
-        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy" if stateless else "auto") as c:
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode="auto") as c:
             await three_calls(c.call_tool)
 
-    run_served(app, client)
+    run_served(echo_server().streamable_http_app(), client)
     assert session_tokens(otel, SpanKind.SERVER) == []
     assert_grows(session_tokens(otel, SpanKind.CLIENT))
     server_state = otel.metrics().get("mcp_token.sessions", [])

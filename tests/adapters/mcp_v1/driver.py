@@ -1,0 +1,69 @@
+"""The mcp 1.x driver of the shared scenarios (tests/adapters/scenarios/sdk.py says what a driver is)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from mcp import ClientSession
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.server.fastmcp import FastMCP
+from mcp.shared.memory import create_connected_server_and_client_session
+
+from tests.adapters.scenarios.sdk import serving
+
+# The streamable HTTP client was named streamablehttp_client before mcp 1.24 (kept as an alias since).
+try:
+    from mcp.client.streamable_http import streamable_http_client
+except ImportError:
+    from mcp.client.streamable_http import streamablehttp_client as streamable_http_client  # type: ignore[no-redef]
+
+STDIO_SERVER = Path(__file__).parent / "servers" / "stdio_server.py"
+
+
+class McpV1:
+    major = 1
+    in_memory_modes = ("memory",)
+    jsonrpc_mode = "memory"
+    stdio_modes = ("stdio",)
+
+    def server(self, name: str) -> FastMCP:
+        return FastMCP(name)
+
+    @contextlib.asynccontextmanager
+    async def connect(self, server: Any, mode: str) -> AsyncIterator[ClientSession]:
+        async with create_connected_server_and_client_session(server._mcp_server) as session:
+            yield session
+
+    @contextlib.asynccontextmanager
+    async def stdio(self, env: dict[str, str], mode: str) -> AsyncIterator[ClientSession]:
+        params = StdioServerParameters(command=sys.executable, args=[str(STDIO_SERVER)], env=env)
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            yield session
+
+    @contextlib.asynccontextmanager
+    async def http(self, server: Any, transport: str, stateless: bool = False) -> AsyncIterator[ClientSession]:
+        server.settings.stateless_http = stateless  # FastMCP reads it when it builds the app
+        app = server.sse_app() if transport == "sse" else server.streamable_http_app()
+        async with serving(app) as port:
+            if transport == "sse":
+                async with sse_client(f"http://127.0.0.1:{port}/sse") as (read, write), \
+                        ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+            else:
+                async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), \
+                        ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+    def is_error(self, result: Any) -> bool:
+        return bool(result.isError)
+
+    def text(self, result: Any) -> str:
+        return str(result.content[0].text)
