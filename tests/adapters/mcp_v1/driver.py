@@ -12,7 +12,9 @@ from mcp import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.fastmcp import FastMCP
+from mcp.shared.exceptions import McpError
 from mcp.shared.memory import create_connected_server_and_client_session
+from mcp.types import ErrorData
 
 from tests.adapters.scenarios.sdk import serving
 
@@ -61,6 +63,9 @@ class McpV1:
                         ClientSession(read, write) as session:
                     await session.initialize()
                     yield session
+
+    def rpc_error(self, code: int, message: str) -> Exception:
+        return McpError(ErrorData(code=code, message=message))
 
     def is_error(self, result: Any) -> bool:
         return bool(result.isError)

@@ -15,6 +15,7 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.exceptions import MCPError
 
 from tests.adapters.scenarios.sdk import serving
 
@@ -59,6 +60,9 @@ class McpV2:
                         ClientSession(read, write) as session:
                     await session.initialize()
                     yield session
+
+    def rpc_error(self, code: int, message: str) -> Exception:
+        return MCPError(code=code, message=message)
 
     def is_error(self, result: Any) -> bool:
         return bool(result.is_error)

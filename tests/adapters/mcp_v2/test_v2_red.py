@@ -1,21 +1,20 @@
-"""RED metrics through real mcp 2.x sessions: the conventions' durations, the error dimension, message bytes,
-the server dimension, tool-definition tokens, and the span attributes issue 11 adds."""
+"""RED metrics where mcp 2.x has the case: a tool's JSON-RPC error (``MCPError``, which FastMCP 1.x turns into an
+isError result) and the SDK's wording of a failed tool on the span; and the recorder's RED figures without an SDK.
+The scenarios both majors share (durations, bytes, server labels, tool definitions, suppression):
+tests/adapters/scenarios/test_red.py."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
 
 import anyio
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
-from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import SpanKind, StatusCode
 
-from mcp_token_otel.catalog import DURATION_BUCKETS
 from mcp_token_otel.core.profiles import tool_definition_tokens
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
@@ -96,37 +95,6 @@ def run_script(server: MCPServer | None = None) -> str:
     return anyio.run(main)
 
 
-def test_operation_duration_in_the_conventions_buckets(otel: Otel, red: TokenRecorder) -> None:
-    run_script()
-    found = scrape(red)
-    for side in ("client", "server"):
-        labels = {"side": side, "server": SERVER, "method": "tools/call", "tool": "sleepy"}
-        total = one(found, "mcp_token_operation_duration_seconds_sum", **labels)
-        assert one(found, "mcp_token_operation_duration_seconds_count", **labels) == 1
-        assert total >= 0.05  # the tool sleeps 50 ms
-        # The one observation sits in the first bucket whose bound is >= its value, and in none below.
-        buckets = {lab["le"]: v for lab, v in pick(found, "mcp_token_operation_duration_seconds_bucket", **labels)}
-        assert set(buckets) == {*(str(b) for b in DURATION_BUCKETS), "+Inf"}
-        for bound in DURATION_BUCKETS:
-            assert buckets[str(bound)] == (1 if bound >= total else 0)
-        assert buckets["0.02"] == 0 and buckets["+Inf"] == 1
-    # The OTel path: the conventions' instruments, their attributes, the same value range.
-    points = otel.metrics()
-    server_points = [p for p in points["mcp.server.operation.duration"]
-                     if p.attributes.get("gen_ai.tool.name") == "sleepy"]
-    (point,) = server_points
-    assert point.count == 1 and point.sum >= 0.05
-    assert tuple(point.explicit_bounds) == DURATION_BUCKETS
-    assert point.attributes["mcp.method.name"] == "tools/call"
-    assert point.attributes["mcp_token.server.name"] == SERVER
-    assert "error.type" not in point.attributes and "mcp.session.id" not in point.attributes
-    (client_point,) = [p for p in points["mcp.client.operation.duration"]
-                       if p.attributes.get("gen_ai.tool.name") == "sleepy"]
-    assert client_point.sum >= point.sum  # the client's view includes the server's
-    assert client_point.attributes["mcp_token.server.name"] == SERVER  # serverInfo.name from initialize
-    assert client_point.attributes.get("mcp.protocol.version")
-
-
 def test_errors_by_type_per_method_and_tool(otel: Otel, red: TokenRecorder) -> None:
     run_script()
     found = scrape(red)
@@ -146,97 +114,6 @@ def test_errors_by_type_per_method_and_tool(otel: Otel, red: TokenRecorder) -> N
     (failed,) = [p for p in points["mcp.server.operation.duration"]
                  if p.attributes.get("gen_ai.tool.name") == "failing"]
     assert failed.attributes["error.type"] == "tool_error"
-
-
-def test_bytes_beside_tokens(otel: Otel, red: TokenRecorder) -> None:
-    big = MCPServer(SERVER)
-
-    @big.tool()
-    def text(n: int) -> str:
-        return "é" * n  # two UTF-8 bytes a character
-
-    async def main() -> None:
-        async with Client(big, mode="legacy") as client:
-            await client.call_tool("text", {"n": 5000})
-
-    anyio.run(main)
-    found = scrape(red)
-    labels = {"side": "server", "server": SERVER, "method": "tools/call", "tool": "text", "direction": "output"}
-    size = one(found, "mcp_token_bytes_total", **labels)
-    # 5000 two-byte characters, twice (content and MCPServer's structuredContent), plus the framing.
-    assert 20_000 <= size < 20_400
-    assert one(found, "mcp_token_message_tokens_count", **labels) == 1  # bytes per response: this over that
-    # Requests: their bytes are summed too.
-    assert one(found, "mcp_token_bytes_total", **{**labels, "direction": "input"}) > 0
-    (otel_bytes,) = [p for p in otel.metrics()["mcp_token.bytes"]
-                     if p.attributes.get("gen_ai.tool.name") == "text"
-                     and p.attributes["mcp_token.direction"] == "output" and p.attributes["mcp_token.side"] == "server"]
-    assert otel_bytes.value == size
-
-
-def test_session_duration_and_server_labels(otel: Otel, red: TokenRecorder) -> None:
-
-    async def main() -> None:
-        async with Client(make_server(), mode="legacy") as client:
-            await client.call_tool("sleepy", {})
-            await client.call_tool("sleepy", {})
-
-    anyio.run(main)
-    found = scrape(red)
-    client_sessions = one(found, "mcp_token_session_duration_seconds_count", side="client", server=SERVER)
-    assert client_sessions == 1
-    assert one(found, "mcp_token_session_duration_seconds_sum", side="client", server=SERVER) >= 0.1
-    assert one(found, "mcp_token_session_utilization_ratio_count", side="client", server=SERVER) == 1
-    # Every call's series carry the server's name: its own on the server side, serverInfo.name on the client
-    # (known from the initialize result on: the client's initialize request itself has none yet).
-    for name in ("mcp_token_message_tokens_count", "mcp_token_responses_total", "mcp_token_bytes_total"):
-        rows = [lab for lab, _ in found[name] if lab["method"] == "tools/call"]
-        assert {lab["server"] for lab in rows} == {SERVER} and {lab["side"] for lab in rows} == {"client", "server"}
-    assert {lab["server"] for lab, _ in found["mcp_token_message_tokens_count"] if lab["side"] == "server"} == {SERVER}
-    points = otel.metrics()
-    (session_point,) = points["mcp.client.session.duration"]
-    assert session_point.sum >= 0.1 and session_point.attributes["mcp_token.server.name"] == SERVER
-    assert tuple(session_point.explicit_bounds) == DURATION_BUCKETS
-
-
-def test_server_name_override_and_bound(otel: Otel) -> None:
-    recorder = instrument(make_config(metrics={"server_name": "fleet-a"}), tracer_provider=otel.tracer_provider,
-                          meter_provider=otel.meter_provider)
-    assert recorder is not None
-    try:
-        run_script()
-    finally:
-        uninstrument()
-    found = scrape(recorder)
-    assert {lab["server"] for lab, _ in found["mcp_token_message_tokens_count"]} == {"fleet-a"}
-    # Server names are bounded like tool names.
-    bounded = TokenRecorder(make_config(metrics={"max_server_names": 2}), otel.tracer_provider, otel.meter_provider)
-    names = [bounded.server_label(f"server-{i}") for i in range(5)]
-    assert names[:2] == ["server-0", "server-1"] and set(names[2:]) == {"_other"}
-
-
-def test_tool_definition_tokens_per_server(otel: Otel, red: TokenRecorder) -> None:
-    listed: list[dict[str, Any]] = []
-
-    async def main() -> None:
-        async with Client(make_server(), mode="legacy") as client:
-            result = await client.list_tools()
-            listed.extend(t.model_dump(by_alias=True, exclude_none=True) for t in result.tools)
-
-    anyio.run(main)
-    expected = {t["name"]: tool_definition_tokens(t, red.policy.estimator) for t in listed}
-    assert len(expected) == 3
-    found = scrape(red)
-    assert one(found, "mcp_token_tool_definitions_tokens", server=SERVER) == sum(expected.values())
-    for name, tokens in expected.items():
-        assert one(found, "mcp_token_tool_definition_tokens", server=SERVER, tool=name) == tokens
-    spans = [s for s in otel.spans() if named(s, "tools/list")]
-    assert {s.kind for s in spans} == {SpanKind.CLIENT, SpanKind.SERVER}
-    for span in spans:
-        assert span.attributes["mcp_token.tool_definitions.tokens"] == sum(expected.values())
-    points = otel.metrics()["mcp_token.tool_definitions.tokens"]
-    totals = {p.attributes["mcp_token.server.name"]: p.value for p in points}
-    assert totals == {SERVER: sum(expected.values())}
 
 
 def test_per_tool_definitions_only_within_the_tool_bound(otel: Otel) -> None:
@@ -273,20 +150,6 @@ def test_span_attributes_resource_uri_and_error_descriptions(otel: Otel, red: To
     assert probe.instrumentation_scope.name == "mcp_token_otel"
     assert probe.instrumentation_scope.schema_url == SCHEMA_URL
     assert SCHEMA_URL and SCHEMA_URL.startswith("https://opentelemetry.io/schemas/")
-
-
-def test_suppressed_instrumentation_records_nothing(otel: Otel, red: TokenRecorder) -> None:
-
-    async def main() -> None:
-        async with Client(make_server(), mode="legacy") as client:
-            with suppress_instrumentation():
-                await client.call_tool("sleepy", {})
-
-    anyio.run(main)
-    found = scrape(red)
-    assert not pick(found, "mcp_token_message_tokens_count", side="client", method="tools/call")
-    assert not [s for s in otel.spans() if s.name == "tools/call sleepy" and s.kind is SpanKind.CLIENT
-                and s.instrumentation_scope.name == "mcp_token_otel"]
 
 
 def test_genai_capture_environment_variable(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:

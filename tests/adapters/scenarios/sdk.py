@@ -51,6 +51,9 @@ class Driver(Protocol):
         """A session with ``server`` served on a free loopback port over ``transport`` ("sse" or
         "streamable-http"; ``stateless``: streamable HTTP without sessions)."""
 
+    def rpc_error(self, code: int, message: str) -> Exception:
+        """The SDK's exception for a JSON-RPC error (what a handler raises to answer with one)."""
+
     def is_error(self, result: Any) -> bool:
         """The tool result says isError."""
 
