@@ -1,9 +1,9 @@
-"""mcp 1.x in process: create_connected_server_and_client_session with FastMCP, both sides instrumented."""
+"""mcp 1.x in process: create_connected_server_and_client_session with FastMCP, both sides instrumented. Budget
+transitions in process, alike on both majors: tests/adapters/scenarios/test_inprocess.py."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -244,55 +244,3 @@ def test_errors(otel: Otel, instrumented: Any) -> None:
         (unknown,) = by_name(spans, "resources/subscribe", kind)
         assert unknown.attributes["error.type"] == str(METHOD_NOT_FOUND)
         assert unknown.status.status_code is StatusCode.ERROR
-
-
-@pytest.fixture
-def small_budget(otel: Otel) -> Iterator[Any]:
-    from mcp_token_otel.instrumentation import instrument, uninstrument
-
-    recorder = instrument(
-        make_config(budget={"context_window": 2000}),
-        tracer_provider=otel.tracer_provider,
-        meter_provider=otel.meter_provider,
-    )
-    yield recorder
-    uninstrument()
-
-
-def test_budget_transitions_and_session_end(otel: Otel, small_budget: Any) -> None:
-    async def main() -> None:
-        async with create_connected_server_and_client_session(make_server()) as client:
-            await client.call_tool("big", {"n": 3000})
-            await client.call_tool("big", {"n": 3000})
-            # Both sessions are live until the connection closes.
-            assert small_budget.states()["client"]["exhausted"] == 1
-
-    anyio.run(main)
-    spans = otel.spans()
-    for kind in (SpanKind.CLIENT, SpanKind.SERVER):
-        calls = by_name(spans, "tools/call big", kind)
-        # Once per state per session, on whichever message crossed the line (the implicit tools/list too).
-        events = [e for s in spans if s.kind is kind for e in s.events if e.name == "mcp_token.budget"]
-        assert [e.attributes["mcp_token.session.state"] for e in events] == ["warning", "exhausted"]  # type: ignore[index]
-        assert calls[-1].attributes["mcp_token.session.state"] == "exhausted"
-        assert calls[-1].attributes["mcp_token.session.utilization"] > 1
-    points = otel.metrics()
-    states = {
-        (p.attributes["mcp_token.side"], p.attributes["mcp_token.session.state"]): p.value
-        for p in points["mcp_token.session.transitions"]
-    }
-    for side in ("client", "server"):
-        assert states[(side, "warning")] == 1 and states[(side, "exhausted")] == 1
-    # Leaving `async with` ended both sessions (not garbage collection): utilization observed once per side.
-    ends = {p.attributes["mcp_token.side"]: p for p in points["mcp_token.session.utilization"]}
-    assert ends["client"].count == 1 and ends["server"].count == 1
-    assert ends["client"].sum > 1
-    assert small_budget.states() == {
-        "client": {"ok": 0, "warning": 0, "exhausted": 0},
-        "server": {"ok": 0, "warning": 0, "exhausted": 0},
-        "proxy": {"ok": 0, "warning": 0, "exhausted": 0},
-    }
-    for metric_points in points.values():
-        for p in metric_points:
-            assert "mcp.session.id" not in p.attributes and "mcp_token.session.id" not in p.attributes
-            assert no_usage_attributes(p.attributes)

@@ -1,4 +1,5 @@
-"""mcp 2.x in process: Client(server) in direct (auto) and legacy mode, client and server instrumented."""
+"""mcp 2.x in process: Client(server) in direct (auto) and legacy mode, client and server instrumented. Budget
+transitions in process, alike on both majors: tests/adapters/scenarios/test_inprocess.py."""
 
 from __future__ import annotations
 
@@ -118,44 +119,6 @@ def test_errors(otel: Otel, instrumented: Any, mode: str) -> None:
         assert rpc_error.attributes["error.type"] == "-32042"
         assert rpc_error.status.status_code is StatusCode.ERROR
         assert rpc_error.attributes["mcp_token.output_tokens"] > 0
-
-
-def test_budget_transitions_and_events(otel: Otel, otel_budget_small: Any) -> None:
-    server = make_server()
-
-    async def main() -> None:
-        async with Client(server, mode="legacy") as client:
-            await client.call_tool("big", {"n": 3000})
-            await client.call_tool("big", {"n": 3000})
-
-    run(main)
-    client_spans = by_name(otel.spans(), "tools/call big", SpanKind.CLIENT)
-    budget_events = [e for s in client_spans for e in s.events if e.name == "mcp_token.budget"]
-    assert [e.attributes["mcp_token.session.state"] for e in budget_events] == ["warning", "exhausted"]
-    points = otel.metrics()
-    states = {
-        (p.attributes["mcp_token.side"], p.attributes["mcp_token.session.state"]): p.value
-        for p in points["mcp_token.session.transitions"]
-    }
-    assert states[("client", "warning")] == 1 and states[("client", "exhausted")] == 1
-    # The client session ended with the Client: its utilization was observed.
-    ends = [p for p in points["mcp_token.session.utilization"] if p.attributes["mcp_token.side"] == "client"]
-    assert ends and ends[0].count == 1
-
-
-@pytest.fixture
-def otel_budget_small(otel: Otel) -> Any:
-    from mcp_token_otel.instrumentation import instrument, uninstrument
-
-    from .conftest import make_config
-
-    recorder = instrument(
-        make_config(budget={"context_window": 2000}),
-        tracer_provider=otel.tracer_provider,
-        meter_provider=otel.meter_provider,
-    )
-    yield recorder
-    uninstrument()
 
 
 def test_client_only(otel: Otel) -> None:
