@@ -69,7 +69,9 @@ def carried_env(config_path: str | None) -> dict[str, str]:
 
 def client_config(args: argparse.Namespace, command: list[str], name: str) -> tuple[dict[str, Any], list[str]]:
     """``{"mcpServers": {name: {"command", "args", "env"}}}`` for ``command`` behind the proxy; and notes."""
-    proxy_args = ["-m", "mcp_token_otel", "proxy", "--name", name]
+    proxy_args = ["-m", "mcp_token_otel", "proxy"]
+    if args.name:  # the user's name; else the server's own (serverInfo), as it says at its first answer
+        proxy_args += ["--name", args.name]
     if args.metrics_port is not None:
         proxy_args += ["--metrics-port", str(args.metrics_port)]
     if args.metrics_host:
@@ -83,7 +85,7 @@ def client_config(args: argparse.Namespace, command: list[str], name: str) -> tu
     resolved, notes = resolve_command(command)
     env = carried_env(os.path.abspath(args.config) if args.config else None)
     entry = {"command": sys.executable, "args": [*proxy_args, "--", *resolved], "env": env}
-    return {"mcpServers": {name: entry}}, notes
+    return {"mcpServers": {args.name or name: entry}}, notes
 
 
 def print_client_config(args: argparse.Namespace, command: list[str], name: str, config: Config) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
+from ..core.labels import UNKNOWN_SERVER
 from ..core.measure import Policy
 from .options import host_port, port
 
@@ -31,8 +32,8 @@ def add_parser(sub: Any) -> None:
         help="transparent proxy that measures any MCP server (stdio: -- COMMAND; HTTP: --listen --upstream)",
         description="Relay MCP traffic unchanged and measure every message (spans, metrics, budgets).",
     )
-    p.add_argument("--name", help="the server's name on spans and metrics (default: the command's basename "
-                                  "or the upstream host)")
+    p.add_argument("--name", help="the server's name on spans and metrics (default: the name the server gives "
+                                  "itself in its first answer)")
     p.add_argument("--metrics-port", type=port, default=None, metavar="PORT",
                    help="serve Prometheus /metrics of this proxy's own on this port (0: any free port, whose URL "
                         "is printed on stderr); stdio default: none, the metrics go to the host store that "
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
         from ..proxy.stdio import default_name
         from .client_config import print_client_config
 
-        return print_client_config(args, command, args.name or default_name(command), config)
+        return print_client_config(args, command, default_name(command), config)
     try:
         if http_mode:
             return _run_http(args, config)
@@ -146,15 +147,17 @@ def run(args: argparse.Namespace, config: Config, policy: Policy) -> int:
 def _run_stdio(args: argparse.Namespace, config: Config, command: list[str]) -> int:
     from ..proxy.stdio import StdioProxy, default_name
 
-    name = args.name or default_name(command)
+    fallback = default_name(command)  # until the server names itself (serverInfo), unless --name names it
+    name = args.name or fallback
     # prometheus.host:port belongs to `mcp-token-otel serve`: a stdio proxy serves /metrics of its own only
     # with --metrics-port, and otherwise writes into the host store that serve reads.
     metrics = _metrics_servable(args, config, config_enables=False)
-    proxy = StdioProxy(command, name=name, inject=args.inject_trace_context, shutdown_grace=args.shutdown_grace)
+    proxy = StdioProxy(command, name=name, inject=args.inject_trace_context, shutdown_grace=args.shutdown_grace,
+                       named=bool(args.name))
     proxy.start()  # the server boots while the measuring process starts
     try:
         store = None if metrics else _host_store(config)
-        telemetry = _telemetry(args, config, name, metrics=metrics, host_store=store)
+        telemetry = _telemetry(args, config, fallback, metrics=metrics, host_store=store)
     except BaseException:
         assert proxy.proc is not None
         proxy.proc.kill()
@@ -210,12 +213,13 @@ def _host_store(config: Config) -> str | None:
     return path
 
 
-def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: bool,
+def _telemetry(args: argparse.Namespace, config: Config, fallback: str, *, metrics: bool,
                host_store: str | None = None) -> Any:
     """The measuring side, in its own process (its CPU time never holds the relay's GIL); with guards on
     (guard.mode, guard.sides), in this process: guards act on the relay path and need the measurements.
     Without ``metrics``, no /metrics whatever the configuration says; with ``host_store``, the metrics go
-    into that directory for ``mcp-token-otel serve``."""
+    into that directory for ``mcp-token-otel serve``. The ``server`` label: ``--name`` when given, else the name
+    the server gives itself, ``fallback`` until it does."""
     from ..proxy.guard import proxy_guarded
     from ..proxy.measure_process import RemoteTelemetry
 
@@ -225,10 +229,10 @@ def _telemetry(args: argparse.Namespace, config: Config, name: str, *, metrics: 
     if proxy_guarded(config):
         from ..proxy.telemetry import Telemetry
 
-        return Telemetry(config, name, metrics_host=args.metrics_host, metrics_port=port, guard=True,
-                         host_store=host_store)
+        return Telemetry(config, args.name, metrics_host=args.metrics_host, metrics_port=port, guard=True,
+                         host_store=host_store, fallback=fallback)
     with _environment(None if metrics else {PROMETHEUS_ENABLED: "false"}):  # the measuring process reads it
-        return RemoteTelemetry(args.config, name, args.metrics_host, port, host_store)
+        return RemoteTelemetry(args.config, args.name, args.metrics_host, port, host_store, fallback)
 
 
 #: The variable that turns /metrics off in the measuring process, which loads the configuration itself.
@@ -260,4 +264,4 @@ def _run_http(args: argparse.Namespace, config: Config) -> int:
     proxy = HttpProxy(args.upstream, host, port, name=args.name, inject=args.inject_trace_context, **limits)
     proxy.check()  # bad URL, port in use, upstream unreachable: StartupError before anything else starts
     metrics = _metrics_servable(args, config)
-    return _relay(proxy, _telemetry(args, config, proxy.name, metrics=metrics))
+    return _relay(proxy, _telemetry(args, config, UNKNOWN_SERVER, metrics=metrics))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from .guard import held_request
@@ -84,6 +85,8 @@ class Exchange:
         self.body = b""  # a body read whole: measured once the upstream accepted it; its ids answer a failure
         self.streamed = False  # pieces of a streamed body were handed to ``up``
         self.measured = False  # the request was measured: a failure after it is the call's error
+        #: When the request started upstream (``time.time_ns()``): measured later (once accepted), at this time.
+        self.sent_at: int | None = None
 
     def _upstream_head(self) -> tuple[list[bytes], bool, str | None]:
         """The request head towards the upstream without its framing; whether the client expects a 100
@@ -159,11 +162,11 @@ class Exchange:
             return
         if accepted:
             self.measured = True
-            self.measurer.put(up, self.body)
+            self.measurer.put(up, self.body, self.sent_at)
         elif self.streamed:  # pieces already handed over: marked lost, they are dropped, not measured
             up.lost = True
             self.measurer.put(up, b" ")
-        self.measurer.finish(up)
+        self.measurer.finish(up, self.sent_at)
 
     async def _body(self) -> Any:
         """The request body's pieces as they arrive (chunked framing removed), within the body deadline: a
@@ -222,6 +225,7 @@ class Exchange:
         request, session_id = self.request, self.session_id
         conn: Conn | None = None
         reusable = response_started = False
+        self.sent_at = time.time_ns()  # the call's span starts here, though measured once the upstream accepts
         try:
             try:
                 conn, response, uwire = await self._send(head, body, source)

@@ -83,13 +83,14 @@ class GuardMeasurer:
             logger.debug("mcp_token_otel proxy: guard fault", exc_info=True)
             return raw, None
 
-    def put(self, stream: MessageStream, chunk: bytes) -> None:
-        """Bytes relayed unguarded (a request body that streams, a compressed or oversized one): measured."""
+    def put(self, stream: MessageStream, chunk: bytes, at: int | None = None) -> None:
+        """Bytes relayed unguarded (a request body that streams, a compressed or oversized one): measured.
+        ``at``: when they passed (``time.time_ns()``; default: now)."""
         if chunk:
-            self._run(lambda now: self._feed(stream, stream.feed(chunk), now))
+            self._run(lambda now: self._feed(stream, stream.feed(chunk), at or now))
 
-    def finish(self, stream: MessageStream) -> None:
-        self._run(lambda now: self._feed(stream, stream.finish(), now))
+    def finish(self, stream: MessageStream, at: int | None = None) -> None:
+        self._run(lambda now: self._feed(stream, stream.finish(), at or now))
 
     @staticmethod
     def _feed(stream: MessageStream, messages: list[bytes], now: int) -> None:

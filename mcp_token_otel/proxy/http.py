@@ -35,10 +35,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..core.redact import redact_url
+from ..semconv import A_SERVER_NAME
 from .exchange import Exchange
 from .http1 import CHUNK, END, ERROR, HEAD, MAX_HEAD, Head, Http1Parser, HttpError, Wire, hook, refuse
 from .inject import Injector
-from .jsonrpc import A_SERVER_NAME
 from .telemetry import StartupError, check_port_free
 
 logger = logging.getLogger("mcp_token_otel.proxy")
@@ -89,7 +89,9 @@ class HttpProxy:
         self.upstream_host = url.hostname
         self.upstream_port = upstream_port or (443 if url.scheme == "https" else 80)
         self.host, self.port = host, port
-        self.name: str = name or url.hostname
+        #: The server's name as the user gave it (``--name``); else spans and metrics carry the name the server
+        #: gives itself.
+        self.name: str | None = name
         self.inject = inject
         self.body_timeout = body_timeout
         self.max_connections = max_connections
@@ -167,8 +169,9 @@ class Relay:
         self.injector = Injector(telemetry.measurer) if proxy.inject else None
         #: Guards on (guard.py): a request body that may be refused is guarded whole before it goes upstream.
         self.guard = getattr(telemetry.measurer, "guarded", False) is True
-        self._attrs = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port,
-                       A_SERVER_NAME: proxy.name}
+        self._attrs: dict[str, Any] = {"server.address": proxy.upstream_host, "server.port": proxy.upstream_port}
+        if proxy.name:
+            self._attrs[A_SERVER_NAME] = proxy.name
 
     # ------------------------------------------------------------------ sessions
 

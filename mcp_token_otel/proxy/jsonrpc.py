@@ -38,9 +38,6 @@ S2C = "server_to_client"
 DIRECTIONS = (C2S, S2C)
 KINDS = ("request", "response", "notification", "invalid", "unmatched")
 
-#: Span attribute: the proxied server's name (``--name``); metrics carry it as ``server`` (the recorder's default).
-A_SERVER_NAME = "mcp_token.server.name"
-
 LINES, BODY, SSE = "lines", "body", "sse"
 DEFAULT_MAX_MESSAGE = 128 * 1024 * 1024
 MAX_PENDING = 10_000
@@ -50,8 +47,7 @@ class ProxyStats:
     """What the proxy counts beyond the recorder: messages by kind, measurement drops. Plain ints written by
     one thread (the worker) and read by collectors; the queue's own drop counters are read live."""
 
-    def __init__(self, server_name: str) -> None:
-        self.server_name = server_name
+    def __init__(self) -> None:
         self.messages: dict[tuple[str, str], int] = {(d, k): 0 for d in DIRECTIONS for k in KINDS}
         self.oversize = 0  # messages larger than the measuring limit (forwarded, not measured)
         self.faults = 0
@@ -491,17 +487,18 @@ class Measurer:
     def stream(self, tracker: Tracker, direction: str, framing: str) -> MessageStream:
         return MessageStream(tracker, direction, framing, self.max_message)
 
-    def put(self, stream: MessageStream, chunk: bytes) -> None:
-        """After forwarding ``chunk``: hand it over (never blocks; a drop is counted)."""
+    def put(self, stream: MessageStream, chunk: bytes, at: int | None = None) -> None:
+        """After forwarding ``chunk``: hand it over (never blocks; a drop is counted). ``at``: when it passed
+        (``time.time_ns()``; default: now), for a chunk handed over after the fact."""
         if chunk:
-            self.queue.put(stream, chunk)
+            self.queue.put(stream, chunk, at)
 
-    def finish(self, stream: MessageStream) -> None:
-        """The stream ended: measure what it still holds."""
+    def finish(self, stream: MessageStream, at: int | None = None) -> None:
+        """The stream ended: measure what it still holds (as of ``at``, default now)."""
 
         def done(now: int) -> None:
             for message in stream.finish():
-                stream.tracker.observe(stream.direction, message, now)
+                stream.tracker.observe(stream.direction, message, at or now)
 
         self.queue.control(done)
 

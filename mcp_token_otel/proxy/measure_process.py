@@ -117,11 +117,11 @@ class RemoteMeasurer:
         self._control(NEW_STREAM, handle.id, payload)
         return handle
 
-    def put(self, stream: RemoteStream, chunk: bytes) -> None:
+    def put(self, stream: RemoteStream, chunk: bytes, at: int | None = None) -> None:
         if not chunk:
             return
         if self._loop is None:
-            self.queue.put(stream, chunk)
+            self.queue.put(stream, chunk, at)
         elif self._backlog_bytes + self._pending_bytes + len(chunk) > self.max_backlog:
             self.queue.dropped_chunks += 1  # counted where the thread mode counts it
             self.queue.dropped_bytes += len(chunk)
@@ -130,10 +130,10 @@ class RemoteMeasurer:
             if stream.lost:
                 stream.lost = False
                 self._loop_write(LOST, stream.id, b"")
-            self._loop_write(DATA, stream.id, chunk)
+            self._loop_write(DATA, stream.id, chunk, at)
 
-    def finish(self, stream: RemoteStream) -> None:
-        self._control(FINISH, stream.id, b"")
+    def finish(self, stream: RemoteStream, at: int | None = None) -> None:
+        self._control(FINISH, stream.id, b"", at)
 
     def close_tracker(self, tracker: RemoteTracker) -> None:
         self._control(CLOSE_TRACKER, tracker.id, b"")
@@ -144,11 +144,11 @@ class RemoteMeasurer:
     def inject(self, tracker: RemoteTracker, request_id: Any, trace_id: int, span_id: int) -> None:
         self._control(INJECT, tracker.id, json.dumps([request_id, f"{trace_id:032x}", f"{span_id:016x}"]).encode())
 
-    def _control(self, op: int, ident: int, payload: bytes) -> None:
+    def _control(self, op: int, ident: int, payload: bytes, at: int | None = None) -> None:
         if self._loop is None:
-            self.queue.control(lambda now: self._send(op, ident, payload, now))
+            self.queue.control(lambda now: self._send(op, ident, payload, at or now))
         else:
-            self._loop_write(op, ident, payload)
+            self._loop_write(op, ident, payload, at)
 
     # ------------------------------------------------------------------ event-loop mode
 
@@ -184,7 +184,7 @@ class RemoteMeasurer:
         self._backlog.clear()
         self._backlog_bytes = 0
 
-    def _loop_write(self, op: int, ident: int, payload: bytes) -> None:
+    def _loop_write(self, op: int, ident: int, payload: bytes, at: int | None = None) -> None:
         # Records are gathered for FLUSH_DELAY (each keeps its own time) and go out in one write, after the
         # relay's own writes: a few syscalls and wake-ups of the measuring process per millisecond, not per
         # record. Past FLUSH_BYTES they go at the end of this loop iteration.
@@ -192,7 +192,7 @@ class RemoteMeasurer:
             return
         if not self._pending:
             self._flush_timer = self._loop.call_later(FLUSH_DELAY, self._write_pending)
-        self._pending.append(HEADER.pack(op, ident, len(payload), time.time_ns()))
+        self._pending.append(HEADER.pack(op, ident, len(payload), at or time.time_ns()))
         if payload:
             self._pending.append(payload)
             self._pending_bytes += len(payload)
@@ -321,17 +321,22 @@ class RemoteMeasurer:
 class RemoteTelemetry:
     """What a relay needs from the measuring side: its measurer, and an orderly close."""
 
-    def __init__(self, config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None,
-                 host_store: str | None = None):
-        self.measurer = RemoteMeasurer(measuring_argv(config_path, name, metrics_host, metrics_port, host_store))
+    def __init__(self, config_path: str | None, name: str | None, metrics_host: str | None,
+                 metrics_port: int | None, host_store: str | None = None, fallback: str | None = None):
+        self.measurer = RemoteMeasurer(measuring_argv(config_path, name, metrics_host, metrics_port, host_store,
+                                                      fallback))
 
     def close(self, timeout: float = 10.0) -> None:
         self.measurer.close(timeout)
 
 
-def measuring_argv(config_path: str | None, name: str, metrics_host: str | None, metrics_port: int | None,
-                   host_store: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "mcp_token_otel.proxy.measure_process", "--name", name]
+def measuring_argv(config_path: str | None, name: str | None, metrics_host: str | None, metrics_port: int | None,
+                   host_store: str | None = None, fallback: str | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "mcp_token_otel.proxy.measure_process"]
+    if name:
+        argv += ["--name", name]
+    if fallback:
+        argv += ["--fallback-name", fallback]
     level = logging.getLevelName(logging.getLogger().getEffectiveLevel())  # the relay's --log-level
     if level in LOG_LEVELS:
         argv += ["--log-level", level]
@@ -418,7 +423,8 @@ def serve(source: BinaryIO, telemetry: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcp_token_otel.proxy.measure_process")
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--name", help="the server label (else the name the server gives itself)")
+    parser.add_argument("--fallback-name", help="the server label until the server names itself")
     parser.add_argument("--config")
     parser.add_argument("--metrics-host")
     parser.add_argument("--metrics-port", type=int)
@@ -435,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         telemetry = Telemetry(load_config(args.config), args.name, metrics_host=args.metrics_host,
-                              metrics_port=args.metrics_port, host_store=args.host_store)
+                              metrics_port=args.metrics_port, host_store=args.host_store,
+                              fallback=args.fallback_name)
     except Exception as exc:
         print(f"mcp-token-otel proxy: error: {exc}", file=sys.stderr)
         return 2

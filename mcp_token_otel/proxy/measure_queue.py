@@ -50,9 +50,10 @@ class MeasureQueue:
         self._thread = threading.Thread(target=self._run, name="mcp-token-otel-measure", daemon=True)
         self._thread.start()
 
-    def put(self, stream: Any, chunk: bytes) -> bool:
-        """Hand a forwarded chunk to the worker; False (counted, stream marked lossy) when full."""
-        now = time.time_ns()
+    def put(self, stream: Any, chunk: bytes, at: int | None = None) -> bool:
+        """Hand a forwarded chunk to the worker, with the time it passed (``at``, default now); False (counted,
+        stream marked lossy) when full."""
+        now = at or time.time_ns()
         size = len(chunk)
         with self._cond:
             if self._closed or len(self._items) >= self.max_items or self._bytes + size > self.max_bytes:

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,9 +69,13 @@ class StdioProxy:
     def __init__(
         self, command: Sequence[str], *, name: str, stdin_fd: int = 0, stdout_fd: int = 1,
         exit_grace: float = EXIT_GRACE, shutdown_grace: float = SHUTDOWN_GRACE, inject: bool = False,
+        named: bool = True,
     ) -> None:
+        """``name``: what logs and ``server.address`` call the server; ``named``: the user gave it (``--name``),
+        so spans carry it as the server's name (else they carry the name the server gives itself)."""
         self.command = list(command)
         self.name = name
+        self.named = named
         self.stdin_fd = stdin_fd
         self.stdout_fd = stdout_fd
         self.exit_grace = exit_grace
@@ -92,7 +97,8 @@ class StdioProxy:
 
     def run(self, telemetry: Any) -> int:
         """Relay until the child exits; its exit status (128 + N for a signal)."""
-        from .jsonrpc import A_SERVER_NAME, C2S, LINES, S2C  # the child is running already (see the module doc)
+        from ..semconv import A_SERVER_NAME
+        from .jsonrpc import C2S, LINES, S2C  # the child is running already (see the module doc)
         from .transport import Channel
 
         proc = self.proc
@@ -100,7 +106,7 @@ class StdioProxy:
         measurer = telemetry.measurer
         tracker = measurer.tracker(
             session_key=uuid.uuid4().hex, transport=self.network,
-            attributes={"server.address": self.name, A_SERVER_NAME: self.name},
+            attributes={"server.address": self.name, **({A_SERVER_NAME: self.name} if self.named else {})},
         )
         injector = Injector(measurer) if self.inject else None
         up = Channel(measurer, tracker, C2S, LINES, injector)
@@ -242,11 +248,55 @@ class StdioProxy:
                 signal.signal(sig, handler)
 
 
+#: Programs that run another: the server's name is in what they run.
+_LAUNCHERS = frozenset({"npx", "uvx", "pipx", "bunx", "pnpx", "node", "python", "python3", "deno", "bun", "uv",
+                        "docker", "podman", "npm", "pnpm", "yarn"})
+#: Words of a launcher's command line that are not the server (subcommands).
+_LAUNCHER_WORDS = frozenset({"run", "exec", "dlx", "x", "tool", "--"})
+#: A launcher's options whose value is not the server either (docker's -v, uvx's --from, npx's -p, ...).
+_VALUED_OPTIONS = frozenset({"-e", "--env", "--env-file", "-v", "--volume", "--mount", "--name", "-p", "--publish",
+                             "--network", "--net", "-w", "--workdir", "-u", "--user", "--platform", "--entrypoint",
+                             "--with", "--from", "--python", "--directory", "--project", "--package", "--index-url",
+                             "--registry", "--cache", "--prefix", "--require", "-r", "--import"})
+#: Files that say nothing about which server they start: the folder above them does.
+_ENTRY_FILES = frozenset({"index.js", "index.mjs", "index.cjs", "main.js", "server.js", "cli.js", "main.py",
+                          "server.py", "__main__.py", "index.ts", "main.ts"})
+_VERSION_TAIL = re.compile(r"@[^@/]*$")
+
+
 def default_name(command: Sequence[str]) -> str:
-    """The server's name when ``--name`` is not given: the command's basename (``npx``: its package)."""
-    base = os.path.basename(command[0]) if command else "server"
-    if base in ("npx", "uvx", "pipx", "bunx", "node", "python", "python3", "deno", "bun") and len(command) > 1:
-        for arg in command[1:]:
-            if not arg.startswith("-"):
-                return os.path.basename(arg.rstrip("/")) or base
-    return base
+    """A name for the server from its command line, until the server names itself (``serverInfo.name``): the
+    program, or what a launcher runs (``npx -y @scope/server@1.2`` is ``server``, ``docker run ... img:tag`` is
+    ``img``, ``node .../server-x/dist/index.js`` is ``server-x``, ``python -m pkg.mod`` is ``pkg``), without a
+    version."""
+    if not command:
+        return "server"
+    program = os.path.basename(command[0])
+    if program not in _LAUNCHERS:
+        return _bare(command[0]) or program
+    args = list(command[1:])
+    if program in ("python", "python3") and "-m" in args and args.index("-m") + 1 < len(args):
+        return args[args.index("-m") + 1].split(".")[0]
+    skip = False
+    for arg in args:
+        if skip or arg.startswith("-") or arg in _LAUNCHER_WORDS or "=" in arg:
+            skip = arg in _VALUED_OPTIONS
+            continue
+        return _bare(arg) or program
+    return program
+
+
+def _bare(target: str) -> str:
+    """The name in a package, image or path: its last part, without a version or a tag, an entry file's folder."""
+    path = target.rstrip("/")
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return ""
+    name = parts[-1]
+    if name in _ENTRY_FILES or (len(parts) > 1 and parts[-2] in ("dist", "build", "lib", "bin", "src")
+                                and os.path.splitext(name)[1] in (".js", ".mjs", ".cjs", ".py", ".ts")):
+        folders = [p for p in parts[:-1] if p not in ("dist", "build", "lib", "bin", "src")]
+        name = folders[-1] if folders else name
+    name = _VERSION_TAIL.sub("", name) if not name.startswith("@") or "@" in name[1:] else name
+    name = name.split(":")[0] if ":" in name and "/" not in name.split(":")[-1] else name  # an image's tag
+    return os.path.splitext(name)[0] if os.path.splitext(name)[1] in (".js", ".mjs", ".cjs", ".py", ".ts") else name

@@ -20,10 +20,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "mcp-token-otel-proxy"
 
 
-def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    """Each proxy family's (label values, value) rows, read from ``stats`` (catalog: emitter "proxy")."""
+def _stats_rows(stats: ProxyStats, server_label: Callable[[], str]) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """Each proxy family's (label values, value) rows, read from ``stats`` (catalog: emitter "proxy"), labelled
+    with the server's name as the recorder knows it (``--name``, else the one the server gave itself)."""
     chunks, size = stats.dropped()
-    server = stats.server_name
+    server = server_label()
     return {
         "mcp_token_proxy_messages": [((server, direction, kind), value)
                                      for (direction, kind), value in sorted(list(stats.messages.items()))],
@@ -36,7 +37,7 @@ def _stats_rows(stats: ProxyStats) -> dict[str, list[tuple[tuple[str, ...], floa
 def _read_stats(recorder: TokenRecorder, stats: ProxyStats) -> None:
     """The catalog's proxy families, read from ``stats`` at collection (nothing on the relay path)."""
     def reader(name: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
-        return lambda: _stats_rows(stats)[name]
+        return lambda: _stats_rows(stats, recorder.server_label)[name]
 
     for family in catalog.FAMILIES:
         if family.emitter == "proxy":
@@ -60,18 +61,20 @@ class _CountsToFiles:
     (the aggregate writes the families it reads once a second, and at close), so a measuring process killed
     at any moment loses none of what it counted. A handful of values: cheap next to measuring a message."""
 
-    def __init__(self, aggregate: Any, stats: ProxyStats) -> None:
+    def __init__(self, aggregate: Any, stats: ProxyStats, server_label: Callable[[], str]) -> None:
         self.aggregate = aggregate
         self.stats = stats
+        self.server_label = server_label
         self.last: Any = None
 
     def sync(self) -> None:
         stats = self.stats
-        now = (tuple(stats.messages.values()), stats.oversize, stats.dropped())
+        server = self.server_label()
+        now = (server, tuple(stats.messages.values()), stats.oversize, stats.dropped())
         if now == self.last:
             return
         self.last = now
-        for name, rows in _stats_rows(stats).items():
+        for name, rows in _stats_rows(stats, lambda: server).items():
             for labels, value in rows:
                 # A cumulative count this process owns: its file holds the total (as write_readers does).
                 self.aggregate.child(name, labels)._value.set(value)
@@ -83,11 +86,14 @@ class Telemetry:
     ``host_store``: a directory (see :mod:`~mcp_token_otel.emitters.host_store`) where this process writes its
     metrics for ``mcp-token-otel serve`` to serve, instead of serving /metrics itself."""
 
-    def __init__(self, config: Config, server_name: str, *, metrics_host: str | None, metrics_port: int | None,
-                 guard: bool = False, host_store: str | None = None):
+    def __init__(self, config: Config, server_name: str | None, *, metrics_host: str | None,
+                 metrics_port: int | None, guard: bool = False, host_store: str | None = None,
+                 fallback: str | None = None):
+        """``server_name``: the ``server`` label the user gave (``--name``); without it, the name the server
+        gives itself in its first answer, ``fallback`` until then."""
         self.configured = False
         # Before the recorder: its metrics go into the store's files when PROMETHEUS_MULTIPROC_DIR is set.
-        self.writer: Any = _attach(host_store, server_name) if host_store is not None else None
+        self.writer: Any = _attach(host_store, server_name or fallback or "") if host_store is not None else None
         self._counts: _CountsToFiles | None = None
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") \
                 or config.otel.configure:
@@ -95,12 +101,12 @@ class Telemetry:
 
             self.configured = configure_otel(os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME,
                                              shutdown_timeout=config.otel.shutdown_timeout_seconds)
-        self.recorder = TokenRecorder(config, server_name=server_name)
-        self.stats = ProxyStats(server_name)
+        self.recorder = TokenRecorder(config, server_name=server_name, fallback_server=fallback)
+        self.stats = ProxyStats()
         _read_stats(self.recorder, self.stats)
         self.prometheus: Any = None
         if self.writer is not None and callable(getattr(self.recorder.aggregate, "child", None)):
-            self._counts = _CountsToFiles(self.recorder.aggregate, self.stats)
+            self._counts = _CountsToFiles(self.recorder.aggregate, self.stats, self.recorder.server_label)
         elif metrics_port is not None or config.prometheus.enabled:
             from ..emitters.prometheus_service import start_prometheus
 

@@ -36,8 +36,6 @@ class Transport(Protocol):
 
     #: ``network.transport`` on the spans: ``pipe`` for stdio, ``tcp`` for HTTP.
     network: str
-    #: The proxied server's name on spans and metrics.
-    name: str
 
     def run(self, telemetry: Any) -> int:
         """Relay until done; the exit status."""

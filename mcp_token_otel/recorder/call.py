@@ -84,9 +84,9 @@ class _Events:
 class Call:
     """One request and its answer (or a notification), measured once. Made by :meth:`TokenRecorder.begin`."""
 
-    __slots__ = ("_events", "_first_leg", "_input", "_meta", "_opened", "_rec", "actions", "answered", "budgeted",
-                 "counts_as", "held", "key", "leg", "method", "params", "refusal", "refusal_error", "server", "side",
-                 "span", "started", "tool", "transport", "version")
+    __slots__ = ("_events", "_first_leg", "_input", "_meta", "_naming", "_opened", "_rec", "actions", "answered",
+                 "budgeted", "counts_as", "held", "key", "leg", "method", "params", "refusal", "refusal_error",
+                 "server", "side", "span", "started", "tool", "transport", "version")
 
     def __init__(self, rec: TokenRecorder, side: Side, method: str, params: Any, key: str | None,
                  server: str | None = None, budgeted: bool = True, version: str | None = None) -> None:
@@ -128,6 +128,8 @@ class Call:
         self._first_leg = False
         self._input: Measurement | None = None
         self._meta: SessionMeta | None = None
+        #: A naming request with no session to hold it (a proxy's 2026 server/discover): recorded with its answer.
+        self._naming: Measurement | None = None
         self._opened = False
         self._events: _Events | None = None
 
@@ -219,13 +221,16 @@ class Call:
         meta = ledger.meta(side, key, self.server, attributes) if self.budgeted else ledger.find_meta(side, key)
         self._meta = meta
         if self.span is not None:
-            rec._spans.request(self.span, self.method, self.params, m, attributes, self.held)
+            rec._spans.request(self.span, self.method, self.params, m, attributes, self.held,
+                               meta.server if meta is not None else self.server)
         label = rec._label(meta, self.server)
         if key is None and self.budgeted:
             rec.aggregate.add("mcp_token_unbudgeted_tokens", (side, label), m.total_tokens)
-        if (meta is not None and self.method in _NAMING and side != "server"
-                and rec._labels.awaits_name(meta, self.server)):
-            meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
+        if self.method in _NAMING and side != "server" and rec._labels.awaits_name(meta, self.server):
+            if meta is not None:
+                meta.pending = (side, self.method, self.tool, m)  # recorded once the answer names the server
+            else:
+                self._naming = m
         else:
             message_metrics(rec, side, self.method, self.tool, direction, m, label)
         self.started = time.perf_counter() if started is None else started
@@ -295,6 +300,8 @@ class Call:
             if not self.answered:
                 if self._input is not None:
                     self._unanswered()
+                if self._naming is not None:
+                    self._record_naming(self._rec._label(self._meta, self.server))
                 if self.leg is not None:  # never answered: its logical call ends unfinished
                     self._rec.logical[self.side].abandon(self.leg)
         except Exception:
@@ -304,6 +311,11 @@ class Call:
             self.held = {}
 
     # ------------------------------------------------------------------ recording
+
+    def _record_naming(self, label: str) -> None:
+        naming, self._naming = self._naming, None
+        if naming is not None:
+            message_metrics(self._rec, self.side, self.method, self.tool, "input", naming, label)
 
     def _unanswered(self) -> None:
         """No answer will be measured: the request's tokens still count toward the budget."""
@@ -415,8 +427,8 @@ class Call:
         elif ledger.ended_waiting:
             ledger.report_ended()  # budgets let go of at a collection: reported at this safe point
         if failure is None and counted is result:
-            if meta is not None and meta.server is None and side != "server":
-                rec._learn_server(result, meta)
+            if (meta is None or meta.server is None) and side != "server":
+                rec._learn_server(result, meta)  # (a request with no session still names a proxy's server)
             if method == "initialize" and isinstance(result, dict):
                 version = result.get("protocolVersion")
                 if isinstance(version, str):
@@ -428,6 +440,8 @@ class Call:
         if meta is not None and meta.pending is not None:  # the naming request, now with its server
             pending, meta.pending = meta.pending, None
             message_metrics(rec, pending[0], pending[1], pending[2], "input", pending[3], label)
+        if self._naming is not None:
+            self._record_naming(label)
         transport, protocol = self._convention_attributes(meta)
         if leg is not None:
             self.held.update(leg_attributes(leg, outcome, result))

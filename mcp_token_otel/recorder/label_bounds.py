@@ -66,7 +66,9 @@ class LabelBounds:
             if server:
                 name = self.own_name(server)
             elif meta is not None:
-                name = self.own_name(meta.server) if meta.server is not None else self.fallback_server
+                # A proxy fronts one server: a session that has not named it (a 2026 request on its own) has the
+                # name another session learnt.
+                name = self.own_name(meta.server) if meta.server is not None else self._sessionless()
             else:
                 name = self._sessionless()
         if not name:
@@ -85,8 +87,13 @@ class LabelBounds:
         return ""
 
     def awaits_name(self, meta: SessionMeta | None, server: str | None) -> bool:
-        """Whether a session's label waits for its server to name itself (nothing given names it yet)."""
-        return not (self.override or self.default_server or server) and meta is not None and meta.server is None
+        """Whether a session's label waits for its server to name itself (nothing given names it yet); without
+        a session, whether a proxy's does (no session has named it yet)."""
+        if self.override or self.default_server or server:
+            return False
+        if meta is None:
+            return bool(self.fallback_server) and self.learned is None
+        return meta.server is None
 
     def fault_server(self) -> str:
         """The label of what belongs to no session (a fault, the configured budgets, the proxy's own counts): like

@@ -232,8 +232,8 @@ class SessionLedger:
 
     def session_states(self, label: Callable[[SessionMeta | None], str]) -> dict[tuple[str, str], dict[str, int]]:
         """Live sessions per (side, server label) and budget state, every state present. A (side, server) seen
-        once keeps its series at 0 when its sessions end. Sessions with no known server count under
-        ``label(None)``."""
+        once keeps its series at 0 when its sessions end; the default's (``label(None)``, under which sessions with
+        no known server count) show while it is the default."""
         # Budgets idle past the timeout end here too, so a quiet process's gauges do not keep them; a sink is
         # reading this, so their ends are reported at the next safe point (a message, a session's end, close).
         self.expire()
@@ -256,5 +256,7 @@ class SessionLedger:
                     counts = out[side, server] = _zeros()
                 counts[state] += 1
         if len(out) <= _MAX_SERVER_PAIRS:  # labels are bounded; this bounds the set whatever happens
-            self._server_pairs = set(out)
+            # Not the default: shown at every read while it is the default; a stand-in (a proxy's name from its
+            # command line, _unknown) is not kept once the server has named itself.
+            self._server_pairs = {pair for pair in out if pair[1] != default}
         return out

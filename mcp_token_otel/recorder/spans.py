@@ -31,6 +31,7 @@ from ..semconv import (
     A_RESOURCE_URI,
     A_RESULT,
     A_RISK_TIER,
+    A_SERVER_NAME,
     A_SESSION_STATE,
     A_SESSION_TOKENS,
     A_SESSION_UTILIZATION,
@@ -170,14 +171,17 @@ class SpanAnnotator:
         m: Measurement,
         attributes: Mapping[str, Any] | None,
         hold: dict[str, Any],
+        server: str | None = None,
     ) -> None:
         """A request's tokens (and the adapter's ``attributes``) into ``hold``: set with the answer's, in one
-        call into the span."""
+        call into the span. ``server``: the name the server gave itself, unless the adapter named it."""
         try:
             if not span.is_recording():
                 return
             if attributes:
                 hold.update(attributes)
+            if server and A_SERVER_NAME not in hold and A_SERVER_NAME not in (getattr(span, "attributes", None) or ()):
+                hold[A_SERVER_NAME] = server  # (the proxy's --name is on the span from its start)
             hold[A_INPUT_TOKENS] = m.total_tokens
             hold[A_ESTIMATOR] = self.policy.estimator_name
             if self.capture and method == "tools/call" and isinstance(params, (dict, Mapping)):

@@ -226,13 +226,15 @@ class TokenRecorder:
             self._series_cache[key] = found
         return found
 
-    def _learn_server(self, result: Any, meta: SessionMeta) -> None:
+    def _learn_server(self, result: Any, meta: SessionMeta | None) -> None:
         """The server's name from a result: initialize's ``serverInfo``, or the serverInfo stamp of a
-        2026-07-28 result (server/discover's, and any later one's)."""
+        2026-07-28 result (server/discover's, and any later one's); the session's, when it has one."""
         try:
             name = server_info_name(result)
             if name is not None:
-                meta.server, meta.label = self._labels.learn(name), None
+                label = self._labels.learn(name)
+                if meta is not None:
+                    meta.server, meta.label = label, None
         except Exception:
             self.fault("metrics")
 

@@ -456,7 +456,7 @@ def test_fault_forwards_original_bytes_and_counts(tmp_path: Path) -> None:
 def test_fault_in_the_guard_path_forwards_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any exception in guarding a message (here the tracker itself raising) forwards the line as it came."""
     recorder = TokenRecorder(config_from_dict({"guard": {"mode": "enforce", "annotate_meta": True}}))
-    measurer = GuardMeasurer(recorder, ProxyStats("t"))
+    measurer = GuardMeasurer(recorder, ProxyStats())
     tracker = measurer.tracker(session_key="s", transport="pipe")
 
     def broken(*_args: Any) -> Any:
@@ -484,7 +484,7 @@ def test_sse_events_guarded_whole_fields_kept_any_split() -> None:
     for step in (1, 7, 64, len(events)):
         recorder = TokenRecorder(config_from_dict({"estimator": "chars/4",
                                                    "guard": {"mode": "enforce", "annotate_meta": True}}))
-        measurer = GuardMeasurer(recorder, ProxyStats("t"))
+        measurer = GuardMeasurer(recorder, ProxyStats())
         tracker = measurer.tracker(session_key="s", transport="tcp")
         request = b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "t", "arguments": {}}}'
         assert measurer.message(measurer.stream(tracker, C2S, LINES), request) == (request, None)
@@ -509,7 +509,7 @@ def test_lines_held_whole_at_any_split_oversize_passes() -> None:
     refusal is answered to the sender; a line over the holding limit goes on as it comes, unguarded."""
     recorder = TokenRecorder(config_from_dict({"estimator": "chars/4", "guard": {
         "mode": "enforce", "annotate_meta": True, "max_chain_depth": 1}}))
-    measurer = GuardMeasurer(recorder, ProxyStats("t"))
+    measurer = GuardMeasurer(recorder, ProxyStats())
     tracker = measurer.tracker(session_key="s", transport="pipe")
     deep = (b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "t", "_meta": {"'
             + META_DEPTH_KEY.encode() + b'": 4}}}')

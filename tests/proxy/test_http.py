@@ -186,7 +186,46 @@ def test_own_server_http_through_proxy(mode: str) -> None:
 
             text = wait_for(measured, what="the large result measured")
     assert proxied == direct
-    assert sample(text, "mcp_token_proxy_messages_total", server="127.0.0.1", kind="invalid") == 0
+    # No --name: the server's own name (serverInfo), not the upstream's address.
+    assert sample(text, "mcp_token_tokens_total", side="proxy", server="http-own", tool="big", direction="output") > 0
+    assert sample(text, "mcp_token_proxy_messages_total", server="http-own", kind="response") > 0
+    assert sample(text, "mcp_token_proxy_messages_total", server="127.0.0.1") == 0
+
+
+@pytest.mark.parametrize("json_response", [True, False], ids=["json", "sse"])
+def test_call_duration_includes_the_servers_time(json_response: bool, receiver: Receiver) -> None:
+    """A call's span and duration run from its request passing the proxy to its answer passing back, so they
+    include the time the server took (here at least 0.4 s), whether the answer is a JSON body or an SSE event."""
+    server = MCPServer("slow")
+
+    @server.tool()
+    async def slow() -> str:
+        await anyio.sleep(0.4)
+        return "done"
+
+    async def session(url: str) -> None:
+        with anyio.fail_after(60):
+            async with Client(url, mode="legacy") as client:
+                await client.call_tool("slow", {})
+
+    with _serve(server.streamable_http_app(json_response=json_response)) as port, \
+            http_proxy(f"http://127.0.0.1:{port}/mcp", otlp_port=receiver.port) as (base, mport):
+        anyio.run(session, base + "/mcp")
+        count = {"side": "proxy", "server": "slow", "tool": "slow"}
+
+        def measured() -> str | None:
+            text = scrape(mport)
+            return text if sample(text, "mcp_token_operation_duration_seconds_count", **count) >= 1 else None
+
+        text = wait_for(measured, what="the call timed")
+    assert sample(text, "mcp_token_operation_duration_seconds_sum", **count) >= 0.4
+    assert sample(text, "mcp_token_operation_duration_seconds_bucket", **count, le="0.25") == 0
+
+    def span() -> Any:
+        return next((s for _, s, _ in receiver.spans() if s.name == "tools/call slow"), None)
+
+    called = wait_for(span, what="the tools/call span")
+    assert called.end_time_unix_nano - called.start_time_unix_nano >= 400_000_000
 
 
 def test_headers_auth_and_status_pass_through() -> None:

@@ -22,7 +22,7 @@ def _tracker() -> tuple[Tracker, InMemorySpanExporter, TokenRecorder]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     recorder = TokenRecorder(make_config(), provider)
-    tracker = Tracker(recorder, ProxyStats("t"), session_key="k", transport="pipe", attributes={"server.address": "t"})
+    tracker = Tracker(recorder, ProxyStats(), session_key="k", transport="pipe", attributes={"server.address": "t"})
     return tracker, exporter, recorder
 
 

@@ -49,7 +49,7 @@ def proxy_replay(name: str, config: Config | None = None, per_exchange: bool = F
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     recorder = TokenRecorder(config or make_config(), provider)
-    stats = ProxyStats("replay")
+    stats = ProxyStats()
     origin = {"headers": {"x-conversation-id": "c1"}}
     stream = Tracker(recorder, stats, session_key=None if per_exchange else "stream", transport="pipe",
                      origin=origin)

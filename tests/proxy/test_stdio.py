@@ -151,7 +151,8 @@ def test_mcp_server_time_through_proxy(receiver: Receiver) -> None:
     assert proxied == direct
     spans = _spans_with(receiver, "tools/call convert_time")
     ((_, a),) = spans["tools/call convert_time"]
-    assert a["server.address"] == "mcp_server_time" or a["server.address"] == "python"  # -m: the module's name
+    assert a["server.address"] == "mcp_server_time"  # -m: the module's name, until the server names itself
+    assert a["mcp_token.server.name"] == "mcp-time"  # its serverInfo name: no --name given
     assert a["mcp_token.output_tokens"] > 0 and a["mcp_token.input_tokens"] > 0
 
 
