@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from typing import Any
 
@@ -94,3 +96,39 @@ def test_name_given_wins(receiver: Receiver) -> None:
     assert sample(text, "mcp_token_tokens_total", side="proxy", server="stdio-test") == 0
     assert sample(text, "mcp_token_proxy_messages_total", server="billing", kind="response") >= 3
     assert attrs["mcp_token.server.name"] == "billing"
+
+
+@pytest.mark.slow
+def test_profile_observed_finds_an_unnamed_proxys_calls(receiver: Receiver) -> None:
+    """``profile --observed`` on the /metrics of a proxy started without --name finds its server's calls with no
+    --server: both name the server by what it says it is."""
+    port = free_port()
+    server = [sys.executable, str(TEST_SERVER)]
+    params = StdioServerParameters(command=sys.executable, args=stdio_proxy_args(server, metrics_port=port),
+                                   env=proxy_env(receiver.port))
+    report: dict[str, Any] = {}
+
+    def profile() -> None:
+        done = subprocess.run([sys.executable, "-m", "mcp_token_otel", "profile", "--json", "--observed",
+                               f"http://127.0.0.1:{port}/metrics", "--stdio", "--", *server],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        report.update(json.loads(done.stdout))
+
+    def answered() -> str | None:
+        text = _scrape(port)
+        return text if sample(text, "mcp_token_responses_total", side="proxy", tool="big") >= 3 else None
+
+    async def session() -> None:
+        with anyio.fail_after(120):
+            async with Client(params, mode="legacy") as client:
+                await client.list_tools()
+                for _ in range(3):
+                    await client.call_tool("big", {"n": 40_000})
+                await anyio.to_thread.run_sync(wait_for, answered, 30.0, "proxy metrics")
+                await anyio.to_thread.run_sync(profile)  # while the proxy (and its /metrics) runs
+
+    anyio.run(session)
+    big = next(tool for tool in report["tools"] if tool["name"] == "big")
+    assert big["observed"]["calls"] == 3, big
+    assert big["observed"]["p95"] >= 10_000 and big["observed"]["risk"] == "critical", big
