@@ -93,7 +93,7 @@ def arm_patches(shim: Any) -> dict[str, list[tuple[Any, str, Any]]]:
         "-spans": [(rec._spans, "request", _noop), (rec._spans, "response", _noop)],
         "-metrics": [(calls, "message_metrics", _noop), (rec.aggregate, "add", _noop),
                      (rec.aggregate, "observe", _noop)],
-        "-costs": [(rec._costs, "call", _noop), (rec._costs, "output", _noop)],
+        "-costs": [(rec._costs, "call_digest", _noop), (rec._costs, "output", _noop)],
         "adapter": [(rec, "begin", passing_through)],
     }
 
