@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import anyio
 import pytest
 from mcp import Client
-from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -19,38 +18,11 @@ from mcp_token_otel.core.profiles import tool_definition_tokens
 from mcp_token_otel.instrumentation import instrument, uninstrument
 from mcp_token_otel.recorder import TokenRecorder
 from mcp_token_otel.semconv import SCHEMA_URL
+from tests.adapters.scenarios.sdk import SDK
+from tests.adapters.scenarios.test_red import SERVER, make_server, one, pick, scrape
 from tests.helpers.support import mcp_version
-from tests.helpers.support import scrape as scrape_recorder
 
 from .conftest import Otel, make_config, named
-
-SERVER = "red-demo"
-
-
-def make_server(name: str = SERVER) -> MCPServer:
-    server = MCPServer(name)
-
-    @server.tool()
-    async def sleepy() -> str:
-        """Sleep 50 ms."""
-        await anyio.sleep(0.05)
-        return "rested"
-
-    @server.tool()
-    def failing() -> str:
-        """Always fails (an isError result)."""
-        raise ValueError("tool failed")
-
-    @server.tool()
-    def rpc_error() -> str:
-        """Answers with a JSON-RPC error."""
-        raise MCPError(code=-32042, message="custom failure")
-
-    @server.resource("res://one")
-    def one() -> str:
-        return "resource text"
-
-    return server
 
 
 @pytest.fixture
@@ -61,36 +33,18 @@ def red(otel: Otel) -> Iterator[TokenRecorder]:
     uninstrument()
 
 
-def scrape(recorder: TokenRecorder) -> dict[str, list[tuple[dict[str, str], float]]]:
-    return scrape_recorder(recorder).samples
-
-
-def pick(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> list[tuple[dict, float]]:
-    return [(lab, v) for lab, v in found.get(name, []) if all(lab.get(k) == x for k, x in labels.items())]
-
-
-def one(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
-    rows = pick(found, name, **labels)
-    assert len(rows) == 1, (name, labels, rows)
-    return rows[0][1]
-
-
-async def script(client: Client) -> str:
-    """The calls every RED test makes; returns the text of the failing tool's error result, as the client got it."""
-    await client.list_tools()
-    assert (await client.call_tool("sleepy", {})).content[0].text == "rested"
-    result = await client.call_tool("failing", {})
-    assert result.is_error
-    with pytest.raises(MCPError):
-        await client.call_tool("rpc_error", {})
-    await client.read_resource("res://one")
-    return str(result.content[0].text)
-
-
-def run_script(server: MCPServer | None = None) -> str:
+def run_script() -> str:
+    """The shared RED calls plus a tool's JSON-RPC error; returns the failing tool's error text."""
     async def main() -> str:
-        async with Client(server or make_server(), mode="legacy") as client:
-            return await script(client)
+        async with Client(make_server(SDK), mode="legacy") as client:
+            await client.list_tools()
+            assert (await client.call_tool("sleepy", {})).content[0].text == "rested"
+            result = await client.call_tool("failing", {})
+            assert result.is_error
+            with pytest.raises(MCPError):
+                await client.call_tool("rpc_error", {})
+            await client.read_resource("res://one")
+            return str(result.content[0].text)
 
     return anyio.run(main)
 
