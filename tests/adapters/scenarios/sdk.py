@@ -12,6 +12,7 @@ import contextlib
 import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -36,6 +37,11 @@ class Driver(Protocol):
     jsonrpc_mode: str
     #: The client modes over stdio (mcp 2.x: "legacy", "auto"; mcp 1.x: "stdio").
     stdio_modes: tuple[str, ...]
+    #: The SDK's exception for a JSON-RPC error answer (mcp 2.x ``MCPError``, mcp 1.x ``McpError``); both hold the
+    #: answer's ``ErrorData`` as ``.error``.
+    error_type: type[Exception]
+    #: Every SDK attribute the adapter hooks, as (owner, name): ``vars(owner)[name]`` is the hook while instrumented.
+    hooked: list[tuple[Any, str]]
 
     def server(self, name: str) -> Any:
         """A high-level server (MCPServer, FastMCP) named ``name``: add tools with ``@server.tool()``."""
@@ -43,16 +49,23 @@ class Driver(Protocol):
     def connect(self, server: Any, mode: str) -> AbstractAsyncContextManager[Any]:
         """A session with ``server`` in this process, in one of ``in_memory_modes``."""
 
-    def stdio(self, env: dict[str, str], mode: str) -> AbstractAsyncContextManager[Any]:
-        """A session with the suite's stdio test server (servers/stdio_server.py: tools ``big`` and ``boom``), run
-        as a subprocess with ``env`` added to its environment."""
+    def stdio(self, env: dict[str, str], mode: str, script: Path | None = None) -> AbstractAsyncContextManager[Any]:
+        """A session with the suite's stdio test server (servers/stdio_server.py: tools ``big`` and ``boom``), or the
+        server ``script``, run as a subprocess with ``env`` added to its environment."""
 
     def http(self, server: Any, transport: str, stateless: bool = False) -> AbstractAsyncContextManager[Any]:
         """A session with ``server`` served on a free loopback port over ``transport`` ("sse" or
         "streamable-http"; ``stateless``: streamable HTTP without sessions)."""
 
-    def rpc_error(self, code: int, message: str) -> Exception:
+    def rpc_error(self, code: int, message: str, data: Any = None) -> Exception:
         """The SDK's exception for a JSON-RPC error (what a handler raises to answer with one)."""
+
+    def own_spans(self, mode: str) -> bool:
+        """The shim opens the client spans itself in client ``mode`` (the SDK opens none: mcp 1.x always, mcp 2.x
+        in process "auto"); otherwise it enriches the SDK's own, made by the global tracer provider."""
+
+    async def unknown_request(self, session: Any, method: str) -> Any:
+        """Send a request of ``method``, which the SDK's request types do not know, and return its result."""
 
     def is_error(self, result: Any) -> bool:
         """The tool result says isError."""
