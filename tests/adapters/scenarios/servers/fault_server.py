@@ -1,4 +1,5 @@
-"""The fault-injection server: every kind of result and error, shared by the in-process and stdio runs.
+"""The fault-injection server of tests/adapters/scenarios/test_faults.py: every kind of result and error, built
+through the installed SDK major's driver (MCPServer, FastMCP) and shared by the in-process, HTTP and stdio runs.
 
 Run with ``sys.executable`` it serves stdio. With ``MCP_TOKEN_TEST_FAULT=<fault>`` it first calls
 instrument() and injects that fault on the server side; the ``_fault_report`` tool returns the
@@ -14,8 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
-from mcp.shared.exceptions import MCPError
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for tests.*
+
 from mcp.types import (
     BlobResourceContents,
     CallToolResult,
@@ -26,6 +28,8 @@ from mcp.types import (
     TextResourceContents,
 )
 
+from tests.adapters.scenarios.sdk import SDK, Driver
+
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 LARGE = 1_000_000
 
@@ -33,8 +37,8 @@ LARGE = 1_000_000
 RECORDER: Any = None
 
 
-def make_server() -> MCPServer:
-    server = MCPServer("faults")
+def make_server(sdk: Driver = SDK) -> Any:
+    server = sdk.server("faults")
 
     @server.tool()
     def text(n: int) -> str:
@@ -46,7 +50,8 @@ def make_server() -> MCPServer:
 
     @server.tool()
     def rpc_error() -> str:
-        raise MCPError(-32042, "custom failure", {"retry": False})
+        # A JSON-RPC error under mcp 2.x; mcp 1.x's FastMCP turns it into an isError result.
+        raise sdk.rpc_error(-32042, "custom failure", {"retry": False})
 
     @server.tool()
     def image() -> CallToolResult:
@@ -85,11 +90,14 @@ def make_server() -> MCPServer:
     def ok_resource() -> str:
         return "fine"
 
+    @server.prompt()
+    def greet(name: str) -> str:
+        return f"hello {name}"
+
     return server
 
 
 def _instrument_with_fault(fault: str) -> Any:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repository root, for tests.helpers.faults
     import pytest
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
