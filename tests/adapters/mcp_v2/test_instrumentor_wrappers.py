@@ -1,5 +1,6 @@
 """mcp 2.x: our hooks are wrapt wrappers, and ``uninstrument()`` removes only ours. Another library's wrapper on the
-same SDK function, added after ours or before it, keeps working; ours no longer measures."""
+same SDK function, added after ours or before it, keeps working; ours no longer measures. A call measured or not,
+and the entry points: tests/adapters/scenarios/entry_points.py."""
 
 from __future__ import annotations
 
@@ -9,20 +10,18 @@ from typing import Any
 
 import pytest
 
-from .conftest import IS_MCP_V2, Otel, make_config
+from .conftest import IS_MCP_V2, Otel
 
 if not IS_MCP_V2:
     pytest.skip("mcp 2.x only", allow_module_level=True)
 
-import anyio
 import mcp.shared.jsonrpc_dispatcher as jrd
 import wrapt
-from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.server.lowlevel.server import Server
-from mcp.server.mcpserver import MCPServer
 
 import mcp_token_otel
+from tests.adapters.scenarios.entry_points import measured, on
 
 # A class's __init__, a module function the SDK looks up at call time, and the __init__ the server is built with:
 # each runs at least once per call below.
@@ -51,34 +50,10 @@ def _left_uninstrumented() -> Iterator[None]:
     mcp_token_otel.uninstrument()
 
 
-def instrument(otel: Otel) -> None:
-    assert mcp_token_otel.instrument(make_config(), tracer_provider=otel.tracer_provider,
-                                     meter_provider=otel.meter_provider) is not None
-
-
-def measured(otel: Otel) -> bool:
-    """A real in-memory call: whether it was measured."""
-    server = MCPServer("wrapped")
-
-    @server.tool()
-    def echo(text: str) -> str:
-        return text * 40
-
-    async def main() -> None:
-        async with Client(server, mode="legacy") as client:
-            result = await client.call_tool("echo", {"text": "abc"})
-            assert result.content[0].text == "abc" * 40
-
-    before = len(otel.spans())
-    anyio.run(main)
-    (client,) = [s for s in otel.spans()[before:] if s.name == "MCP send tools/call echo"]
-    return "mcp_token.output_tokens" in client.attributes
-
-
 @pytest.mark.parametrize(("owner", "name"), TARGETS, ids=IDS)
 def test_a_wrapper_added_after_ours_survives_our_uninstrument(otel: Otel, owner: Any, name: str) -> None:
     original = vars(owner)[name]
-    instrument(otel)
+    assert on("function", otel) is not None
     counting = Counting()
     theirs = wrapt.wrap_function_wrapper(owner, name, counting)
     assert measured(otel) and counting.calls >= 1
@@ -97,7 +72,7 @@ def test_a_wrapper_added_before_ours_survives_our_uninstrument(otel: Otel, owner
     counting = Counting()
     theirs = wrapt.wrap_function_wrapper(owner, name, counting)
     try:
-        instrument(otel)
+        assert on("function", otel) is not None
         assert vars(owner)[name] is not theirs
         assert measured(otel)
         assert (counting.calls >= 1) is THROUGH.get(name, True)
@@ -116,7 +91,7 @@ def test_a_plain_wrapper_over_ours_keeps_working_and_ours_stops_measuring(
 ) -> None:
     """A wrapper that is not wrapt's (a functools.wraps closure) cannot be relinked: ours stays under it as a
     pass-through, and instrumenting again measures each call once."""
-    instrument(otel)
+    assert on("function", otel) is not None
     ours = ClientSession.__init__
     calls: list[Any] = []
 
@@ -129,7 +104,7 @@ def test_a_plain_wrapper_over_ours_keeps_working_and_ours_stops_measuring(
     mcp_token_otel.uninstrument()
     assert ClientSession.__init__ is plain
     assert not measured(otel) and len(calls) == 1
-    instrument(otel)
+    assert on("function", otel) is not None
     assert measured(otel) and len(calls) == 2
     points = [p for p in otel.metrics()["mcp_token.message.tokens"]
               if p.attributes.get("gen_ai.tool.name") == "echo" and p.attributes["mcp_token.side"] == "client"]
