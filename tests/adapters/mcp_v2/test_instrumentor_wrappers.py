@@ -52,9 +52,8 @@ ORIGINAL = {(owner, name): vars(owner)[name] for owner, name in TARGETS}
 def _left_uninstrumented() -> Iterator[None]:
     yield
     mcp_token_otel.uninstrument()
-    # A sequence of these tests can leave a bare wrapt wrapper on ClientSession.__init__ (found when the shared
-    # entry-point scenario, which compares every hooked attribute with the SDK's own, began to run after this
-    # module): put the SDK's own functions back so no later module sees it.
+    # The plain-wrapper test's monkeypatch puts back what it replaced: our wrapper of that moment, which no
+    # instrumentor owns any more. Put the SDK's own functions back so no later module sees it.
     for (owner, name), original in ORIGINAL.items():
         if vars(owner)[name] is not original:
             setattr(owner, name, original)
