@@ -20,8 +20,8 @@ import uvicorn
 import yaml
 
 from tests.helpers.support import free_port
-from tests.proxy.conftest import proxy_argv, proxy_env, wait_for
-from tests.proxy.test_http import _open, _own_server
+from tests.proxy.conftest import listening, proxy_argv, proxy_env, wait_for
+from tests.proxy.test_http import _own_server
 
 SIDECAR = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "proxy-sidecar.yaml"
 PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
@@ -62,7 +62,7 @@ def _proxy(args: list[str]) -> Iterator[None]:
     proc = subprocess.Popen(proxy_argv(*args), env={**os.environ, **proxy_env()}, stderr=subprocess.PIPE, text=True)
     try:
         port = int(_option(args, "--listen").rsplit(":", 1)[1])
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="the proxy listening")
+        wait_for(lambda: listening(port) or proc.poll() is not None, what="the proxy listening")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         yield
     finally:

@@ -3,7 +3,11 @@ OTLP/HTTP receiver in the test, its metrics are scraped from its /metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,6 +93,44 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):  # type
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
 
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback ``port``."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def running_http_proxy(upstream: str, *options: str, env: dict[str, str], timeout: float = 20.0,
+                       expect_clean_exit: bool = True) -> Iterator[tuple[str, int]]:
+    """(the proxy's base URL, its metrics port) while an HTTP proxy subprocess runs in front of ``upstream``;
+    stopped with SIGTERM afterwards (killed if it does not stop), its exit status checked when asked. Its stderr
+    goes to a file (a pipe nobody reads could fill and stall the proxy) and is shown when it fails."""
+    port, metrics_port = free_port(), free_port()
+    argv = proxy_argv("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--metrics-port", str(metrics_port),
+                      *options)
+    with tempfile.TemporaryFile("w+") as stderr:
+        proc = subprocess.Popen(argv, env=env, stderr=stderr, text=True)
+
+        def said() -> str:
+            stderr.seek(0)
+            return stderr.read()
+
+        try:
+            wait_for(lambda: listening(port) or proc.poll() is not None, timeout, "the proxy listening")
+            assert proc.poll() is None, said()
+            yield f"http://127.0.0.1:{port}", metrics_port
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=timeout)
+        if expect_clean_exit:
+            assert proc.returncode == 0, said()
 
 def node_path_env() -> dict[str, str]:
     from tests.helpers.support import node_env

@@ -31,8 +31,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from tests.helpers.support import ROOT
 
-from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
-from .test_http import _open
+from .conftest import free_port, listening, proxy_argv, proxy_env, running_http_proxy, sample, scrape, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -294,7 +293,7 @@ def serving(command: list[str]) -> Iterator[str]:
     proc = subprocess.Popen([*command, "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, timeout=WAIT, what="the server listening")
+        wait_for(lambda: listening(port) or proc.poll() is not None, timeout=WAIT, what="the server listening")
         assert proc.poll() is None
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -337,22 +336,9 @@ def http_conversation(url: str) -> list[tuple[int, list[tuple[str, str]], bytes]
 @contextlib.contextmanager
 def http_proxy(upstream: str, name: str) -> Iterator[tuple[str, int]]:
     """(the HTTP proxy's base URL, its metrics port) while it runs, with the default estimator."""
-    port, metrics_port = free_port(), free_port()
-    argv = proxy_argv("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--name", name,
-                      "--metrics-port", str(metrics_port))
-    proc = subprocess.Popen(argv, env={**os.environ, **proxy_env(), "MCP_TOKEN_OTEL_ESTIMATOR": "default"})
-    try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, timeout=WAIT, what="the proxy listening")
-        assert proc.poll() is None
-        yield f"http://127.0.0.1:{port}", metrics_port
-    finally:
-        proc.terminate()
-        try:
-            assert proc.wait(timeout=WAIT) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=WAIT)
+    env = {**os.environ, **proxy_env(), "MCP_TOKEN_OTEL_ESTIMATOR": "default"}
+    with running_http_proxy(upstream, "--name", name, env=env, timeout=WAIT) as running:
+        yield running
 
 
 #: Per server over HTTP: how it writes the session header's name (Go canonicalises it, hyper writes it lowercase

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,36 +19,26 @@ import uvicorn
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
-from .conftest import Receiver, everything, free_port, node_path_env, proxy_argv, proxy_env, sample, scrape, wait_for
-
-
-def _open(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-        return True
-    return False
+from .conftest import (
+    Receiver,
+    everything,
+    free_port,
+    listening,
+    node_path_env,
+    proxy_argv,
+    proxy_env,
+    running_http_proxy,
+    sample,
+    scrape,
+    wait_for,
+)
 
 
 @contextlib.contextmanager
 def http_proxy(upstream: str, *options: str, otlp_port: int | None = None) -> Iterator[tuple[str, int]]:
     """(the proxy's base URL, its metrics port) while a proxy subprocess runs."""
-    port, metrics_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        proxy_argv("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--metrics-port", str(metrics_port),
-                   *options),
-        env={**os.environ, **proxy_env(otlp_port)}, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="the proxy listening")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        yield f"http://127.0.0.1:{port}", metrics_port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    with running_http_proxy(upstream, *options, env={**os.environ, **proxy_env(otlp_port)}) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +47,7 @@ def everything_http() -> Iterator[str]:
     proc = subprocess.Popen([everything(), "streamableHttp"], env={**os.environ, **node_path_env(), "PORT": str(port)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="server-everything listening")
+        wait_for(lambda: listening(port) or proc.poll() is not None, what="server-everything listening")
         assert proc.poll() is None
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -373,7 +362,7 @@ def test_upstream_dies_mid_stream() -> None:
     )
     upstream = subprocess.Popen([sys.executable, "-c", script])
     try:
-        wait_for(lambda: _open(port), what="fake upstream")
+        wait_for(lambda: listening(port), what="fake upstream")
         with http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, _):
             for _ in range(2):  # the proxy survives the first broken stream
                 with (httpx.Client(timeout=10) as client, pytest.raises(httpx.HTTPError) as broken,

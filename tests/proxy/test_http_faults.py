@@ -19,8 +19,8 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
-from .conftest import free_port, proxy_argv, proxy_env, sample, scrape, wait_for
-from .test_http import _open, _serve, http_proxy, read_body
+from .conftest import free_port, listening, proxy_argv, proxy_env, sample, scrape, wait_for
+from .test_http import _serve, http_proxy, read_body
 from .test_http_relay import _echo_app, _exchange, _with_relay
 
 CALL = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": {"name": "t", "arguments": {}}}'
@@ -251,7 +251,7 @@ def test_upstream_credentials_are_never_printed() -> None:
                                        f"http://u:{secret}@127.0.0.1:{dead}/mcp", "--log-level", "debug"),
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="the proxy listening")
+        wait_for(lambda: listening(port) or proc.poll() is not None, what="the proxy listening")
         with httpx.Client(timeout=30) as client:
             answer = client.post(f"http://127.0.0.1:{port}/mcp?token=abc", content=CALL % 1, headers=JSON)
     finally:

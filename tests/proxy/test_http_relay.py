@@ -21,8 +21,8 @@ import pytest
 from mcp_token_otel.proxy import http as relay_module
 from mcp_token_otel.proxy.http import HttpProxy, Relay
 
-from .conftest import free_port, wait_for
-from .test_http import _open, _serve, http_proxy
+from .conftest import free_port, listening, wait_for
+from .test_http import _serve, http_proxy
 
 
 async def _echo_app(scope: Any, receive: Any, send: Any) -> None:
@@ -225,7 +225,7 @@ def test_upstream_closing_connections_and_eof_bodies() -> None:
     )
     upstream = subprocess.Popen([sys.executable, "-c", script])
     try:
-        wait_for(lambda: _open(port), what="fake upstream")
+        wait_for(lambda: listening(port), what="fake upstream")
         with http_proxy(f"http://127.0.0.1:{port}/mcp") as (base, _), httpx.Client(timeout=10) as client:
             answers = [client.get(base + ("/eof" if i % 2 else "/mcp")) for i in range(10)]
             assert all(a.status_code == 200 and b'"n": ' in a.content for a in answers)

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -32,10 +31,9 @@ from mcp_token_otel.core.spill import META_SPILL_KEY, is_spill_uri
 from tests.helpers.spill_support import source_file
 from tests.helpers.support import ROOT, _missing, node_env
 
-from .conftest import free_port, proxy_argv, sample, scrape, wait_for
+from .conftest import free_port, listening, proxy_argv, running_http_proxy, sample, scrape, wait_for
 from .servers.twin_server import document
 from .test_go_servers import SERVERS, go_peers, peer_binary, rust_peer  # noqa: F401 (fixtures)
-from .test_http import _open
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +71,7 @@ def fs_over_http() -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, str(FS_SERVER), "--http", f"127.0.0.1:{port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="the filesystem server listening")
+        wait_for(lambda: listening(port) or proc.poll() is not None, what="the filesystem server listening")
         assert proc.poll() is None
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
@@ -84,20 +82,8 @@ def fs_over_http() -> Iterator[str]:
 @contextlib.contextmanager
 def http_proxy(upstream: str, env: dict[str, str]) -> Iterator[tuple[str, int]]:
     """(the proxy's /mcp URL, its metrics port) while an HTTP proxy runs in front of ``upstream``."""
-    port, metrics_port = free_port(), free_port()
-    proc = subprocess.Popen(proxy_argv("--listen", f"127.0.0.1:{port}", "--upstream", upstream, "--name", "fs",
-                                       "--metrics-port", str(metrics_port)), env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _open(port) or proc.poll() is not None, what="the proxy listening")
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        yield f"http://127.0.0.1:{port}/mcp", metrics_port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+    with running_http_proxy(upstream, "--name", "fs", env=env, expect_clean_exit=False) as (base, metrics_port):
+        yield f"{base}/mcp", metrics_port
 
 
 async def cut_link(client: Client, tool: str, arguments: dict[str, Any]) -> str:

@@ -15,36 +15,17 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry.trace import SpanKind
 
-from .conftest import Otel, free_port, named
-from .test_v2_transports import serve
+from tests.adapters.scenarios.sdk import SDK
+from tests.adapters.scenarios.test_budgets import assert_grows, session_tokens, three_calls
+from tests.adapters.scenarios.test_budgets import echo_server as shared_echo_server
 
-TOKENS = "mcp_token.session.tokens"
+from .conftest import Otel, free_port
+from .test_v2_transports import serve
 
 
 def echo_server() -> MCPServer:
-    server = MCPServer("budget-test")
-
-    @server.tool()
-    def echo(text: str) -> str:
-        return text
-
+    server: MCPServer = shared_echo_server(SDK)
     return server
-
-
-def session_tokens(otel: Otel, kind: SpanKind) -> list[int]:
-    spans = [s for s in otel.spans() if s.kind is kind and named(s, "tools/call echo")]
-    spans.sort(key=lambda s: s.start_time or 0)
-    return [s.attributes[TOKENS] for s in spans if TOKENS in (s.attributes or {})]
-
-
-def assert_grows(values: list[int]) -> None:
-    assert len(values) == 3, values
-    assert values[0] < values[1] < values[2], values
-
-
-async def three_calls(call: Any) -> None:
-    for i in range(3):
-        await call("echo", {"text": f"call {i} " * 50})
 
 
 def test_in_process_auto_two_clients_are_two_sessions(otel: Otel, instrumented: Any) -> None:
@@ -86,7 +67,7 @@ def test_http_2026_has_no_server_budget(otel: Otel, instrumented: Any) -> None:
 
     async def client(port: int) -> None:
         async with Client(f"http://127.0.0.1:{port}/mcp", mode="auto") as c:
-            await three_calls(c.call_tool)
+            await three_calls(c)
 
     run_served(echo_server().streamable_http_app(), client)
     assert session_tokens(otel, SpanKind.SERVER) == []
