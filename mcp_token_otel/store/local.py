@@ -135,8 +135,11 @@ class Health:
     """Whether the store answers: one warning per outage, one info line when it is back, and a back-off during
     which no operation tries it (one probe at a time after it)."""
 
-    def __init__(self, name: str, backoff: float, on_error: Callable[[str], None] | None) -> None:
+    def __init__(self, name: str, backoff: float, on_error: Callable[[str], None] | None,
+                 busy_when: Callable[[BaseException], bool] | None = None) -> None:
         self.name = name
+        #: Which failures mean "no free connection" (the store is up, only busy) rather than an outage.
+        self._busy_when = busy_when
         self.backoff = backoff
         self._on_error = on_error
         self._lock = threading.Lock()
@@ -145,8 +148,6 @@ class Health:
         self._probing = False
         self._down_since = 0.0
         self._local = 0
-        #: Outages seen so far (each logged once).
-        self.outages = 0
 
     def try_store(self) -> bool:
         """Whether this operation may use the store: always while it is up; after the back-off, one probe."""
@@ -173,7 +174,11 @@ class Health:
                  self.name, down_for, answered)
 
     def failed(self, op: str, exc: BaseException | None) -> None:
-        """An operation failed (``exc``) or was not tried (None: backing off): it is answered locally."""
+        """An operation failed (``exc``) or was not tried (None: backing off): it is answered locally. A failure
+        that only says no connection was free is :meth:`busy`, not an outage."""
+        if exc is not None and self._busy_when is not None and self._busy_when(exc):
+            self.busy(op)
+            return
         now = time.monotonic()
         first = False
         with self._lock:
@@ -184,7 +189,6 @@ class Health:
                     self.up = False
                     self._down_since = now
                     self._local = 1
-                    self.outages += 1
                 self._retry_at = now + self.backoff
                 self._probing = False
         if first:

@@ -47,6 +47,11 @@ _BATCH = 256
 _MAX_GRACE_S = 300.0
 
 
+def _pool_full(exc: BaseException) -> bool:
+    """The pool had no free connection within its deadline: the store is busy, not down."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and "Too many connections" in str(exc)
+
+
 class RedisStore:
     """Budgets counted in Redis (``budget.store: redis://...``), shared by every process that names it."""
 
@@ -83,7 +88,7 @@ class RedisStore:
         self._tick_s = min(1.0, budget.idle_timeout / 4)
         self._on_end = on_end
         self._sides = tuple(sides)
-        self._health_args = (mask_url_password(budget.store), backoff, on_error)
+        self._health_args = (mask_url_password(budget.store), backoff, on_error, _pool_full)
         self._started(fresh=True)
         ref = weakref.ref(self)
 
@@ -136,11 +141,8 @@ class RedisStore:
         if entry is None:
             entry = table[key] = Entry(self._hash(side, key), now)
             while len(table) > self._max_sessions:
-                old_key, old = table.popitem(last=False)
-                self._pending.pop((side, old_key), None)
-                if old.unsent and len(self._orphans) < _BATCH:  # their tokens still go to the store
-                    self._orphans.append((side, old_key, old.unsent))
-                self._report_end(side, old_key, old, "evicted")
+                old_key, old = next(iter(table.items()))
+                self._let_go(side, old_key, old, "evicted")
         else:
             table.move_to_end(key)
         entry.last_seen = now
@@ -225,12 +227,8 @@ class RedisStore:
                 self._pending[side, key] = entry
             repeat, changed = entry.check_locally(call_digest, tools_digest, self._repeat_window)
             answer = entry.answer(self._window, "local", entered, repeat, changed)
-        self._failed("add", exc)
+        self.health.failed("add", exc)
         return answer
-
-    @staticmethod
-    def _is_busy(exc: BaseException | None) -> bool:
-        return isinstance(exc, redis.exceptions.ConnectionError) and "Too many connections" in str(exc)
 
     # ------------------------------------------------------------------ reads for the guards
 
@@ -271,7 +269,7 @@ class RedisStore:
                             owner=bool(mine), source="shared", calls=count, context_window=self._window)
 
     def _peek_locally(self, entry: Entry | None, exc: BaseException | None) -> SharedAnswer:
-        self._failed("peek", exc)
+        self.health.failed("peek", exc)
         if entry is None:
             return SharedAnswer(0, 0.0, "ok", owner=False, source="local", context_window=self._window)
         with self._lock:
@@ -298,7 +296,7 @@ class RedisStore:
                      f"{self.instance}:{next(self._seq)}"],
                 )
             except FAILURES as exc:
-                self._failed("rate", exc)
+                self.health.failed("rate", exc)
             else:
                 self.health.ok()
                 return int(count)
@@ -339,7 +337,7 @@ class RedisStore:
                     self._add_args(entry.unsent, entry.tools_unsent, False, release=entry.owner),
                 )
             except FAILURES as exc:
-                self._failed("end", exc)
+                self.health.failed("end", exc)
                 source = "local"
                 if not isinstance(exc, redis.exceptions.TimeoutError):
                     self._orphan(side, key, entry.unsent)
@@ -358,12 +356,14 @@ class RedisStore:
                 if len(self._orphans) < _BATCH:
                     self._orphans.append((side, key, unsent))
 
-    def _failed(self, op: str, exc: BaseException | None) -> None:
-        """``op`` failed with ``exc``: answered locally. A pool with no free connection is no outage."""
-        if self._is_busy(exc):
-            self.health.busy(op)
-        else:
-            self.health.failed(op, exc)
+    def _let_go(self, side: str, key: str, entry: Entry, why: str) -> None:
+        """Under the lock: this process stops keeping the budget (``why``: evicted, idle); tokens it counted but
+        has not sent still go to the store (by the store's thread)."""
+        del self._tables[side][key]
+        self._pending.pop((side, key), None)
+        if entry.unsent and len(self._orphans) < _BATCH:
+            self._orphans.append((side, key, entry.unsent))
+        self._report_end(side, key, entry, why)
 
     def _report_end(self, side: str, key: str, entry: Entry, why: str, source: Any = None) -> None:
         """Under the lock, as the memory store's ends are."""
@@ -398,11 +398,7 @@ class RedisStore:
                     if entry.owner and up and len(checks) < _BATCH:
                         checks.append((side, key, entry, entry.last_seen))
                     elif not entry.owner or not up:
-                        del table[key]
-                        self._pending.pop((side, key), None)
-                        if entry.unsent and len(self._orphans) < _BATCH:
-                            self._orphans.append((side, key, entry.unsent))
-                        self._report_end(side, key, entry, "idle")
+                        self._let_go(side, key, entry, "idle")
             if up:
                 flushes = self._take_pending()
                 orphans, self._orphans = self._orphans, []
@@ -453,7 +449,7 @@ class RedisStore:
             replies = [exc] * (len(flushes) + len(orphans) + len(checks))
         failure = next((r for r in replies if isinstance(r, BaseException)), None)
         if failure is not None:
-            self._failed("flush", failure)
+            self.health.failed("flush", failure)
         else:
             self.health.ok()
         now = time.monotonic()
@@ -485,9 +481,7 @@ class RedisStore:
                         continue
                     if exists and mine:  # idle everywhere: the final figures are Redis's
                         entry.tokens, entry.state, entry.calls, entry.shared = tokens, state, count, True
-                del table[key]
-                self._pending.pop((side, key), None)
-                self._report_end(side, key, entry, "idle")
+                self._let_go(side, key, entry, "idle")
 
     # ------------------------------------------------------------------ what this process counts
 

@@ -207,3 +207,19 @@ def test_callbacks_that_raise_do_not_reach_the_caller(own_redis: RedisServer, bu
     assert store.add("server", "conv", 10).source == "local"
     assert store.peek("server", "other").source == "local"
     store.end("server", "conv")
+
+
+def test_a_full_pool_is_busy_not_an_outage_for_every_user_of_the_store() -> None:
+    """The budget and spill stores share one Health: a pool with no free connection answers that operation
+    locally and counts it, but leaves the store up (no back-off, no outage warning) whoever hit it."""
+    import redis
+
+    from mcp_token_otel.store.local import Health
+    from mcp_token_otel.store.redis_store import _pool_full
+
+    errors: list[str] = []
+    health = Health("redis://cache", 30.0, errors.append, _pool_full)
+    health.failed("spill_put", redis.exceptions.ConnectionError("Too many connections"))
+    assert health.up and health.try_store() and errors == ["spill_put"]
+    health.failed("add", redis.exceptions.ConnectionError("Connection refused"))
+    assert not health.up and not health.try_store() and errors == ["spill_put", "add"]

@@ -236,3 +236,35 @@ def test_shared_rate_window(redis_server: RedisServer, budget_for: Any, open_red
 def test_odd_token_counts(redis_server: RedisServer, budget_for: Any, open_redis: Any, tokens: Any) -> None:
     store = open_redis(budget_for(redis_server))
     assert store.add("server", "conv", tokens).tokens == max(0, int(tokens))
+
+
+def test_a_budget_let_go_while_its_tokens_wait_still_sends_them(redis_server: RedisServer, budget_for: Any,
+                                                                open_redis: Any, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """An idle budget whose flush and idle check fail in one round trip is let go here, and the tokens it had
+    not sent yet still reach Redis once it answers (they are not dropped with the budget)."""
+    import redis
+
+    budget = budget_for(redis_server, idle_timeout=0.5)
+    ends: Ends = []
+    store = open_redis(budget, backoff=0.05, on_end=lambda *e: ends.append(e))
+    store.add("server", "conv", 100)
+    client = redis_server.client()
+    (key,) = client.keys(f"{budget.store_prefix}*")
+    pipeline, failed = store._redis.pipeline, []
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        if not failed:
+            failed.append(True)
+            pipe.execute = lambda **_: (_ for _ in ()).throw(redis.exceptions.ConnectionError("down"))
+        return pipe
+
+    monkeypatch.setattr(store._redis, "pipeline", failing_once)
+    with store._lock:  # 50 tokens counted during an outage, and idle for long
+        entry = store._tables["server"]["conv"]
+        entry.unsent, entry.last_seen = [50], entry.last_seen - 10
+        store._pending["server", "conv"] = entry
+    store.expire()
+    assert failed and [e[1] for e in ends] == ["conv"]  # let go here: its idle check did not answer
+    _wait_for(lambda: store.expire() is None and client.hget(key, "tokens") == b"150", "the 50 tokens in Redis")
