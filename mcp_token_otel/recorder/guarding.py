@@ -25,7 +25,6 @@ from ..semconv import A_GUARD_BUDGET_SOURCE, A_SPILL_OUTCOME, A_SPILL_PAGE, EVEN
 from ..store import open_spill_store
 from .label_bounds import LabelBounds
 from .ledger import SessionLedger, Side
-from .spans import enabled
 
 if TYPE_CHECKING:
     from .call import Call
@@ -112,7 +111,7 @@ class GuardOrchestrator:
         """The request-side guards: None to go on, or the CallToolResult wire dict to answer with instead. With a
         shared budget store, ``held`` (the span attributes to set) gets what the decision read: the shared
         figures, or this replica's own when the store did not answer."""
-        if not self.active or side not in self.sides or not enabled():
+        if not self.active or side not in self.sides:  # suppression: begin() gave an OffCall, never here
             return None
         try:
             budget = self._ledger.budget(side, key) if self._budget_on_request else None
@@ -140,7 +139,7 @@ class GuardOrchestrator:
         a spill URI (the page to answer with, or None and ``call.refusal_error`` set: the JSON-RPC error), and a
         resource listing when the ``resources`` capability was added here (an empty list). None: the request goes
         on unchanged (any other resources request, a read of any other URI)."""
-        if call.side not in self.spill_sides or not enabled():
+        if call.side not in self.spill_sides:
             return None
         try:
             method, params = call.method, call.params

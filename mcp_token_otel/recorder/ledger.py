@@ -32,8 +32,6 @@ SIDES: tuple[Side, ...] = ("client", "server", "proxy")
 Held = tuple[Side, str, "str | None", Measurement]
 #: A session's end reported after the lock: side, final utilization, its metadata, why (ended, idle, evicted).
 Ended = tuple[Side, float, "SessionMeta | None", str]
-#: What the ledger answers for one message added to a budget (the store's answer).
-BudgetAnswer = SharedAnswer
 #: Live sessions per (side, server label) past which session_states() stops remembering pairs to keep at 0.
 _MAX_SERVER_PAIRS = 1_000
 
@@ -97,7 +95,7 @@ class SessionLedger:
         self.sessions: dict[str, SessionRegistry] = getattr(self.store, "registries", {})
 
     def record(self, side: Side, key: str | None, tokens: int, call_digest: bytes | None = None,
-               tools_digest: bytes | None = None) -> BudgetAnswer | None:
+               tools_digest: bytes | None = None) -> SharedAnswer | None:
         """Add ``tokens`` to the budget ``key`` (None: no budget, or a fault); ``call_digest`` asks whether this
         tools/call repeats one within ``metrics.repeat_window``, ``tools_digest`` whether this tools/list changed."""
         if key is None:
@@ -113,7 +111,7 @@ class SessionLedger:
             self.report_ended()
         return answer
 
-    def budget(self, side: Side, key: str | None, pending: int = 0) -> BudgetAnswer | None:
+    def budget(self, side: Side, key: str | None, pending: int = 0) -> SharedAnswer | None:
         """The budget as it stands (the guards read it; a shared store is asked), or None. ``pending``: tokens of
         the current call not added yet (its request's, added with its answer), counted in."""
         if key is None:

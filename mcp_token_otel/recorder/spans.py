@@ -124,7 +124,7 @@ class SpanAnnotator:
 
     def start(self, name: str, kind: SpanKind, attributes: dict[str, Any] | None, context: Any) -> Span | None:
         """Open a span; None when the tracing pipeline fails or instrumentation is suppressed here."""
-        if not is_instrumentation_enabled():
+        if not enabled():
             return None
         try:
             return self.tracer.start_span(

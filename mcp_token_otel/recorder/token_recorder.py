@@ -274,10 +274,6 @@ class TokenRecorder:
     def set_attributes(self, span: Span | None, attributes: Mapping[str, Any]) -> None:
         self._spans.set_attributes(span, attributes)
 
-    def record_exception(self, span: Span | None, exc: BaseException) -> None:
-        """A non-JSON-RPC failure of the call (transport error...): error.type is the exception class."""
-        self._spans.exception(span, exc)
-
     # ------------------------------------------------------------------ faults, flush, close
 
     def fault(self, stage: str) -> None:

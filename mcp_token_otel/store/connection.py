@@ -8,7 +8,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..config import BudgetConfig, ConfigError, check_store_url, mask_url_password
+from ..config import BudgetConfig, ConfigError, mask_url_password
 
 #: Connections in the pool; past it an operation is answered locally without marking the store down.
 _MAX_CONNECTIONS = 64
@@ -17,9 +17,9 @@ FAILURES = (redis.exceptions.RedisError, OSError)
 
 
 def connection_pool(budget: BudgetConfig) -> redis.ConnectionPool:
-    """The pool ``budget.store`` describes: every socket operation bounded by ``budget.store_timeout``, no retry
-    (a retry would double the deadline: the store's back-off takes its place)."""
-    check_store_url(budget.store)
+    """The pool ``budget.store`` (checked when the configuration was read) describes: every socket operation
+    bounded by ``budget.store_timeout``, no retry (a retry would double the deadline: the store's back-off takes
+    its place)."""
     kwargs: dict[str, Any] = {
         "socket_timeout": budget.store_timeout,
         "socket_connect_timeout": budget.store_timeout,

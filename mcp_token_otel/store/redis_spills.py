@@ -41,6 +41,7 @@ from ..core.spill import (
     spill_from_wire,
     spill_to_wire,
 )
+from ..core.spill.store import DEFAULT_TOMBSTONE_SECONDS
 from .base import KeyHasher
 from .connection import FAILURES
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from .local import Health
 
 #: How long a tombstone outlives its spill (as the memory store keeps them).
-TOMBSTONE_MS = 3_600_000
+TOMBSTONE_MS = round(DEFAULT_TOMBSTONE_SECONDS * 1000)
 #: Spills past their TTL swept from the ranking per put, at most (each put sweeps a few: bounded work).
 _SWEEP = 64
 #: Spills dropped to make room for one put, at most (a put needing more is refused: too large for the bound now).
@@ -148,8 +149,6 @@ class RedisSpillStore:
         self._ttl_ms = max(1, round(ttl * 1000))
         #: Spills kept in this process while Redis did not take them.
         self.local = MemorySpillStore(ttl, max_bytes)
-        #: Spills dropped in Redis to make room (by this process's puts).
-        self.evictions = 0
 
     def _member(self, spill_id: str) -> str:
         return self._hash("spill", spill_id)
@@ -179,7 +178,6 @@ class RedisSpillStore:
             self._health_of().failed("spill_put", exc)
             return self.local.put(owner, spill, now)
         self._health_of().ok()
-        self.evictions += int(evicted)
         if not int(kept):
             return Stored(None, TOO_LARGE, int(evicted))
         return Stored(spill_id, None, int(evicted))

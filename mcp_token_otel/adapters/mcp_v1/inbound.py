@@ -188,9 +188,9 @@ class Inbound:
         except Exception:
             rec.fault("guard")
         call = state.call
-        refusal = call.guard()
-        if call.side != "server":
+        if call.side != "server":  # a client's inbound requests (sampling, elicitation, roots) are never guarded
             return
+        refusal = call.guard()
         try:
             if refusal is not None:
                 state.refusal = ServerResult(_ANSWERS[call.method].model_validate(refusal))

@@ -4,7 +4,6 @@ notifications: a CLIENT span, current for the call, whose W3C context is injecte
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -18,7 +17,7 @@ from opentelemetry.trace import Span, SpanKind
 from ...core.guard import with_depth
 from ...core.protocol import wire_dict
 from ...semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
-from .._common import argument, is_mcp_span
+from .._common import argument, detach, is_mcp_span
 from ..key_facts import ClientFacts, with_conversation_baggage
 from .sessions import DEPTH, SessionInfo, server_name
 
@@ -200,8 +199,7 @@ class Outbound:
             call.held[A_PROTOCOL] = info.protocol_version
         call.close()
         if token is not None:
-            with contextlib.suppress(Exception):
-                otel_context.detach(token)
+            detach(token)
         self._shim.recorder.end_span(own)
 
     # -------------------------------------------------------------- notifications
