@@ -264,6 +264,10 @@ class Aggregate:
         self.readers[name] = reader
         self.stored.pop(name, None)
 
+    def write_readers(self, names: Iterable[str] | None = None) -> None:
+        """Write the families read from their owner's state where a collector cannot call back (the multiprocess
+        files); nothing to do here: in-process collection calls the readers."""
+
     # ------------------------------------------------------------------ the message path
 
     def message(self, side: str, server: str, method: str, tool: str | None, direction: str) -> MessageSeries:

@@ -5,13 +5,16 @@ The same catalog families and labels as the in-process aggregate; the values liv
 merged at scrape time by its multiprocess collector (in whichever process serves /metrics). Series are not
 capped here (label values arrive bounded, and the files hold what the processes wrote), so the series-overflow
 counts are absent; exemplars are off (the client does not support them in this mode). Families read from their
-owner's state (live sessions, the proxy's counts) are written into the files at most once a second on a message,
-and at :meth:`SharedFilesAggregate.write_readers`, which the owner calls before the process ends.
+owner's state (live sessions, the proxy's counts) are written into the files once a second by a thread of each
+process that records (never on a message: reading live sessions may ask a shared budget store), and at
+:meth:`SharedFilesAggregate.write_readers`, which the owner calls before the process ends.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -21,8 +24,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from ..catalog import Family
 from .aggregate import Aggregate, MessageSeries, Reader, Rows, label_values
 
-#: Seconds between a process's writes of the families read from its state (done on a message).
+#: Seconds between a process's writes of the families read from its state (by its writer thread).
 _READERS_INTERVAL = 1.0
+
+log = logging.getLogger(__name__)
 _TOKENS = "mcp_token_message_tokens"
 
 
@@ -52,12 +57,16 @@ class SharedFilesAggregate(Aggregate):
 
     def __init__(self, families: Iterable[Family] | None = None, *, input_histograms: bool = False) -> None:
         super().__init__(families, input_histograms=input_histograms)
+        # No series are capped here (see the module's docstring): no stored series, no overflow counts.
+        self.stored = {}
+        self.readers.pop("mcp_token_series_overflow", None)
         # Registered nowhere: these processes only write; the serving process's collector reads the files.
         registry = CollectorRegistry()
         self.metrics: dict[str, Any] = {f.name: _metric(f, registry) for f in self.families.values()
                                         if f.name and f.emitter in ("recorder", "proxy") and not f.capped_only}
         self._children: dict[tuple[str, tuple[Any, ...]], Any] = {}
-        self._readers_written = float("-inf")
+        #: The process whose writer thread runs (a forked worker starts its own at its first message).
+        self._writer_pid = 0
 
     def child(self, name: str, labels: tuple[Any, ...]) -> Any:
         """The labelled child of family ``name``, cached (``labels()`` takes a lock and validates each time)."""
@@ -126,10 +135,8 @@ class SharedFilesAggregate(Aggregate):
         attrs = ms.points
         if attrs is not None:
             self.points.record_attributes(self.families[_TOKENS], tokens, attrs, context)  # type: ignore[union-attr]
-        now = time.monotonic()
-        if now - self._readers_written >= _READERS_INTERVAL:
-            # Reading the states is a pass over the live sessions: once a second at most, not per message.
-            self.write_readers(now)
+        if self._writer_pid != os.getpid():
+            self._start_writer()
 
     def add_duration(self, ms: MessageSeries, seconds: float) -> None:
         ms.duration.observe(seconds)
@@ -137,13 +144,26 @@ class SharedFilesAggregate(Aggregate):
     def read_with(self, name: str, reader: Reader) -> None:
         self.readers[name] = reader
 
-    def write_readers(self, now: float | None = None) -> None:
-        """Write the families read from their owner's state into this process's files (shared files cannot call
-        back into each process: each writes its own values, merged by the family's multiprocess mode)."""
-        self._readers_written = time.monotonic() if now is None else now
-        for name, reader in list(self.readers.items()):
-            metric = self.metrics.get(name)
-            if metric is None:
+    def _start_writer(self) -> None:
+        self._writer_pid = os.getpid()
+        threading.Thread(target=self._write_every_second, name="mcp-token-otel-files", daemon=True).start()
+
+    def _write_every_second(self) -> None:
+        pid = self._writer_pid
+        while self._writer_pid == pid:
+            time.sleep(_READERS_INTERVAL)
+            try:
+                self.write_readers()
+            except Exception:  # a reader that fails now may answer next time; the calls never see it
+                log.debug("writing the read families failed", exc_info=True)
+
+    def write_readers(self, names: Iterable[str] | None = None) -> None:
+        """Write the families read from their owner's state (all, or ``names``) into this process's files (shared
+        files cannot call back into each process: each writes its own values, merged by the family's
+        multiprocess mode)."""
+        for name in list(self.readers) if names is None else names:
+            reader, metric = self.readers.get(name), self.metrics.get(name)
+            if reader is None or metric is None:
                 continue
             for labels, value in reader():
                 child = self.child(name, labels)

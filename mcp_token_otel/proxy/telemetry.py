@@ -34,14 +34,17 @@ def _stats_rows(stats: ProxyStats, server_label: Callable[[], str]) -> dict[str,
     }
 
 
+#: The catalog's families the proxy reports itself (read from its ProxyStats).
+_PROXY_FAMILIES = tuple(family.key for family in catalog.FAMILIES if family.emitter == "proxy")
+
+
 def _read_stats(recorder: TokenRecorder, stats: ProxyStats) -> None:
     """The catalog's proxy families, read from ``stats`` at collection (nothing on the relay path)."""
     def reader(name: str) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
         return lambda: _stats_rows(stats, recorder.server_label)[name]
 
-    for family in catalog.FAMILIES:
-        if family.emitter == "proxy":
-            recorder.aggregate.read_with(family.key, reader(family.key))
+    for key in _PROXY_FAMILIES:
+        recorder.aggregate.read_with(key, reader(key))
 
 
 def _attach(path: str, server_name: str) -> Any:
@@ -74,10 +77,7 @@ class _CountsToFiles:
         if now == self.last:
             return
         self.last = now
-        for name, rows in _stats_rows(stats, lambda: server).items():
-            for labels, value in rows:
-                # A cumulative count this process owns: its file holds the total (as write_readers does).
-                self.aggregate.child(name, labels)._value.set(value)
+        self.aggregate.write_readers(_PROXY_FAMILIES)
 
 
 class Telemetry:

@@ -299,12 +299,10 @@ class TokenRecorder:
         self._end_queued()
         self._ledger.report_ended()
         self._ledger.close()
-        write = getattr(self.aggregate, "write_readers", None)
-        if callable(write):  # multiprocess files: what is read from live state is written before the process goes
-            try:
-                write()
-            except Exception:
-                self.fault("metrics")
+        try:  # multiprocess files: what is read from live state is written before the process goes
+            self.aggregate.write_readers()
+        except Exception:
+            self.fault("metrics")
         self.metrics.close()
 
     # ------------------------------------------------------------------ sessions

@@ -8,6 +8,7 @@ to the package; a new recorder records them with ``recorder.aggregate.add`` / ``
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,46 @@ def test_a_new_family_is_in_the_multiprocess_files(tmp_path: Path) -> None:
     assert samples[("mcp_token_test_widgets_total", labels)] == 3
     assert samples[("mcp_token_test_latency_seconds_count", labels)] == 3
     assert samples[("mcp_token_test_latency_seconds_bucket", (("le", "1.0"), *labels))] == 2
+
+
+LIVE_FAMILIES_WORKER = textwrap.dedent(
+    """
+    import json, threading, time
+    from prometheus_client import generate_latest
+    from mcp_token_otel.config import config_from_dict
+    from mcp_token_otel.emitters.prometheus_multiprocess import multiprocess_registry
+    from mcp_token_otel.recorder import TokenRecorder
+    recorder = TokenRecorder(config_from_dict({}), server_name="srv")
+    call = recorder.begin("server", "tools/call", {"name": "t", "arguments": {}}, "conversation")
+    call.open()
+    call.result({"content": [{"type": "text", "text": "hello " * 200}]})
+    call.close()
+    threads = [t.name for t in threading.enumerate()]
+    deadline = time.monotonic() + 10
+    text = ""
+    while time.monotonic() < deadline and 'mcp_token_sessions{' not in text:
+        time.sleep(0.1)  # no message, no close: only the writer thread can put the live sessions in the files
+        text = generate_latest(multiprocess_registry()).decode()
+    print(json.dumps({"threads": threads, "metrics": text,
+                      "overflow": recorder.aggregate.values("mcp_token_series_overflow"),
+                      "overflow_present": any(f.key == "mcp_token_series_overflow" and recorder.aggregate.present(f)
+                                              for f in recorder.aggregate.families.values())}))
+    """
+)
+
+
+def test_live_families_reach_the_files_from_a_thread_not_the_message_path(tmp_path: Path) -> None:
+    """The families read from live state (the sessions gauge) are written by each process's own writer thread
+    about once a second, without another message and before close; the series-overflow counts, which the files
+    do not keep, are absent rather than a row of zeros."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", LIVE_FAMILIES_WORKER], env=env, cwd=ROOT, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    found = json.loads(done.stdout)
+    assert "mcp-token-otel-files" in found["threads"]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(found["metrics"]) for s in family.samples}
+    assert samples[("mcp_token_sessions", (("server", "srv"), ("side", "server"), ("state", "ok")))] == 1
+    assert found["overflow"] == [] and found["overflow_present"] is False
