@@ -14,7 +14,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind
 
-from ...core.guard import with_depth
+from ...core.guard import CHAINED_METHODS, with_depth
 from ...core.protocol import wire_dict
 from ...semconv import A_PROTOCOL, A_SESSION_ID, call_attributes, http_attributes, span_name
 from .._common import argument, detach, is_mcp_span
@@ -24,8 +24,6 @@ from .sessions import DEPTH, SessionInfo, server_name
 if TYPE_CHECKING:
     from .hooks import V1Shim
 
-#: Requests a handler sends that continue its chain: they carry the handler's depth + 1.
-_CHAINED = frozenset({"tools/call", "sampling/createMessage"})
 
 
 class Injected:
@@ -141,9 +139,9 @@ class Outbound:
             self._finish(info, call, token, own)
 
     def _chain(self, request: Any, data: dict[str, Any], method: str, params: Any) -> tuple[Any, dict[str, Any], Any]:
-        """Sent from a handler (guards on): a tools/call or sampling request carries the handler's depth + 1."""
+        """Sent from a handler (guards on): a request that continues the chain carries the handler's depth + 1."""
         depth = DEPTH.get()
-        if depth is None or method not in _CHAINED:
+        if depth is None or method not in CHAINED_METHODS:
             return request, data, params
         try:
             chained = with_depth(params if isinstance(params, Mapping) else None, depth + 1)

@@ -195,7 +195,7 @@ class DispatcherProxy:
         rec = shim.recorder
         if rec.guard_active:
             try:  # a call a served request's handler makes: one deeper in the chain
-                params = cx.deeper(params)
+                params = cx.deeper(method, params)
             except Exception:
                 rec.fault("guard")
         if self._propagate:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import mcp.shared._otel as sdk_otel
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from ...core.guard.limits import with_depth
+from ...core.guard.limits import deeper as chain_deeper
 from .._common import detach, extract_parent, makes_spans
 
 if TYPE_CHECKING:
@@ -50,12 +49,10 @@ SERVER_TRANSPORT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-def deeper(params: Any) -> Any:
-    """``params`` with the next chain depth when sent from inside a served request (guards on), else as is."""
-    depth = DEPTH.get()
-    if depth is None or (params is not None and not isinstance(params, Mapping)):
-        return params
-    return with_depth(params, depth + 1)
+def deeper(method: str, params: Any) -> Any:
+    """``params`` with the next chain depth when a chained request is sent from inside a served request (guards
+    on), else as is."""
+    return chain_deeper(method, params, DEPTH.get())
 
 
 def parent_context(meta: Any = None) -> Any:

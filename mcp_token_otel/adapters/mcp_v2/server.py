@@ -181,7 +181,7 @@ class ServerSends:
             rec.fault("span")
         if rec.guard_active and cx.DEPTH.get() is not None and data is not None:
             try:  # the handler's request (sampling, elicitation) carries the next chain depth
-                chained = cx.deeper(params)
+                chained = cx.deeper(method, params)
                 request = type(request).model_validate({**data, "params": chained}, by_name=False)
                 params = chained
             except Exception:
@@ -200,7 +200,7 @@ class ServerSends:
         jsonrpc = is_jsonrpc(getattr(connection, "outbound", None))
         if rec.guard_active:
             try:
-                params = cx.deeper(params)
+                params = cx.deeper(method, params)
             except Exception:
                 rec.fault("guard")
         return await self.send(lambda: send(method, params, *args, **kw), method, params, jsonrpc)

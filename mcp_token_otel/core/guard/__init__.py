@@ -26,7 +26,7 @@ from .engine import (
     tool_error,
 )
 from .json_cut import cut_json
-from .limits import META_DEPTH_KEY, RateLimiter, chain_depth, with_depth
+from .limits import CHAINED_METHODS, META_DEPTH_KEY, RateLimiter, chain_depth, deeper, with_depth
 from .padding import PaddingFinding, scan_text, strip_invisible
 from .pagination import Pagination
 from .report import CapReport
@@ -34,10 +34,10 @@ from .settings import DEFAULT_PRICING, GUARD_MODES, GuardSettings, PaddingSettin
 from .text_cut import cut_text, safe_boundary
 
 __all__ = [
-    "ACTIONS", "ALLOW", "ANNOTATE", "CHAIN_DEPTH", "DEFAULT_PRICING", "GUARD_MODES", "META_DEPTH_KEY",
-    "META_GUARD_KEY", "META_PREFIX", "META_TOKENS_KEY", "PADDING", "POLICIES", "RATE_LIMIT", "RESPONSE_CAP",
-    "SESSION_LIMIT", "SESSION_WARNING", "BudgetView", "CapReport", "Decision", "GuardAction", "GuardEngine",
-    "GuardOutcome", "GuardSettings", "PaddingFinding", "PaddingSettings", "Pagination", "RateLimiter", "ToolGuard",
-    "ToolInfo", "ToolPolicy", "annotate", "cap_result", "chain_depth", "cost_usd", "cut_json", "cut_text",
-    "safe_boundary", "scan_text", "strip_invisible", "tool_error", "with_depth",
+    "ACTIONS", "ALLOW", "ANNOTATE", "CHAINED_METHODS", "CHAIN_DEPTH", "DEFAULT_PRICING", "GUARD_MODES",
+    "META_DEPTH_KEY", "META_GUARD_KEY", "META_PREFIX", "META_TOKENS_KEY", "PADDING", "POLICIES", "RATE_LIMIT",
+    "RESPONSE_CAP", "SESSION_LIMIT", "SESSION_WARNING", "BudgetView", "CapReport", "Decision", "GuardAction",
+    "GuardEngine", "GuardOutcome", "GuardSettings", "PaddingFinding", "PaddingSettings", "Pagination", "RateLimiter",
+    "ToolGuard", "ToolInfo", "ToolPolicy", "annotate", "cap_result", "chain_depth", "cost_usd", "cut_json",
+    "cut_text", "deeper", "safe_boundary", "scan_text", "strip_invisible", "tool_error", "with_depth",
 ]

@@ -20,6 +20,19 @@ def chain_depth(params: Any) -> int:
     return depth if isinstance(depth, int) and not isinstance(depth, bool) and depth > 0 else 0
 
 
+#: The requests a handler sends that continue its chain (they carry its depth + 1); any other request it sends
+#: (a listing, a ping) is bookkeeping, not a step deeper.
+CHAINED_METHODS = frozenset({"tools/call", "sampling/createMessage", "elicitation/create"})
+
+
+def deeper(method: str, params: Any, depth: int | None) -> Any:
+    """``params`` of a request sent while a handler at chain ``depth`` runs: with ``depth + 1`` when ``method``
+    continues the chain, else (no handler running, another method, params that are no mapping) as they are."""
+    if depth is None or method not in CHAINED_METHODS or (params is not None and not isinstance(params, Mapping)):
+        return params
+    return with_depth(params, depth + 1)
+
+
 def with_depth(params: Mapping[str, Any] | None, depth: int) -> dict[str, Any]:
     """A copy of ``params`` whose ``_meta`` carries ``depth`` (the caller's own _meta keys are kept)."""
     out = dict(params or {})

@@ -735,3 +735,20 @@ def test_invisible_characters_found_whatever_the_string_width(filler: str) -> No
         found = {f.check: f.value for f in scan_text(text, PaddingSettings())}
         assert found.get("invisible_chars") == count, (filler, hidden)
         assert strip_invisible(text) == (body + body, count)
+
+
+def test_only_chained_requests_go_one_deeper() -> None:
+    """A handler's nested tools/call, sampling and elicitation requests carry its depth + 1; a listing or a ping
+    it sends is not a step deeper, and nothing changes outside a handler or for params that are no mapping."""
+    from mcp_token_otel.core.guard import CHAINED_METHODS, META_DEPTH_KEY, deeper
+
+    assert {"tools/call", "sampling/createMessage", "elicitation/create"} == CHAINED_METHODS
+    for method in CHAINED_METHODS:
+        chained = deeper(method, {"name": "t", "_meta": {"k": 1}}, 2)
+        assert chained == {"name": "t", "_meta": {"k": 1, META_DEPTH_KEY: 3}}
+        assert deeper(method, None, 0) == {"_meta": {META_DEPTH_KEY: 1}}
+        assert deeper(method, {"name": "t"}, None) == {"name": "t"}
+        assert deeper(method, ["not", "a", "mapping"], 1) == ["not", "a", "mapping"]
+    for method in ("tools/list", "ping", "initialize", "resources/read"):
+        params = {"cursor": "c"}
+        assert deeper(method, params, 2) is params
